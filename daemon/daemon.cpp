@@ -1,0 +1,297 @@
+#include "daemon/daemon.h"
+
+#include <spdlog/spdlog.h>
+
+#include "monitor/hmp.h"
+
+namespace qmigd {
+
+Daemon::Daemon(DaemonOptions opts) : opts_(std::move(opts))
+{
+    uv_loop_init(&loop_);
+    runstate_ = opts_.role == Role::Destination ? "inmigrate" : "running";
+}
+
+Daemon::~Daemon()
+{
+    incoming_.reset();
+    outgoing_.reset();
+    uv_run(&loop_, UV_RUN_DEFAULT);
+    uv_loop_close(&loop_);
+}
+
+MigrationStatus Daemon::migration_status() const
+{
+    if (incoming_) {
+        return incoming_->status();
+    }
+    return outgoing_ ? outgoing_->status() : MigrationStatus::None;
+}
+
+void Daemon::on_migration_status(MigrationStatus s)
+{
+    if (opts_.role == Role::Source) {
+        if (s == MigrationStatus::Device) {
+            runstate_ = "finish-migrate";
+            qmp_->emit_event("STOP");
+        } else if (s == MigrationStatus::Completed) {
+            runstate_ = "postmigrate";
+        }
+    } else if (s == MigrationStatus::Completed) {
+        runstate_ = incoming_->runstate();
+        if (runstate_ == "running") {
+            qmp_->emit_event("RESUME");
+        }
+    }
+    if (config_.capability("events")) {
+        qmp_->emit_event("MIGRATION", {{"status", migration_status_name(s)}});
+    }
+}
+
+void Daemon::on_pass(uint64_t n)
+{
+    if (config_.capability("events")) {
+        qmp_->emit_event("MIGRATION_PASS", {{"pass", n}});
+    }
+}
+
+json Daemon::query_status() const
+{
+    return {{"status", runstate_}, {"running", runstate_ == "running"}};
+}
+
+QmpResult Daemon::cmd_migrate(const json &args)
+{
+    if (auto e = qmp_check_members(args, {"uri", "channels", "detach", "resume", "blk", "inc"})) {
+        return *e;
+    }
+    if (opts_.role == Role::Destination) {
+        return qmp_error("Guest is waiting for an incoming migration");
+    }
+    if (!args.contains("uri")) {
+        return qmp_error("need either 'uri' or 'channels' argument");
+    }
+    if (!args["uri"].is_string()) {
+        return qmp_error("Invalid parameter type for 'uri', expected: string");
+    }
+    if (migration_is_running(migration_status())) {
+        return qmp_error("There's a migration process in progress");
+    }
+    if (runstate_ == "postmigrate") {
+        return qmp_error("Can't migrate the vm that was paused due to previous migration");
+    }
+    auto addr = parse_tcp_uri(args["uri"]);
+    if (!addr) {
+        return qmp_error(addr.error().message());
+    }
+    OutgoingParams p;
+    p.multifd = config_.capability("multifd");
+    p.channels = config_.multifd_channels();
+    p.zpd = config_.zero_page_detection();
+    p.max_bandwidth = config_.max_bandwidth();
+    p.downtime_limit_ms = config_.downtime_limit_ms();
+    p.machine_type = opts_.machine_type;
+    p.uuid = opts_.uuid;
+    GuestHooks hooks;
+    hooks.resume = [this] {
+        if (runstate_ == "finish-migrate") {
+            runstate_ = "running";
+            qmp_->emit_event("RESUME");
+        }
+    };
+    if (auto st = outgoing_->start(*addr, p, hooks); !st) {
+        return qmp_error(st.error().message());
+    }
+    return json::object();
+}
+
+QmpResult Daemon::start_incoming(const std::string &uri)
+{
+    if (migration_is_running(migration_status())) {
+        return qmp_error("The incoming migration has already been started");
+    }
+    auto addr = parse_tcp_uri(uri);
+    if (!addr) {
+        return qmp_error(addr.error().message());
+    }
+    IncomingParams p;
+    p.multifd = config_.capability("multifd");
+    p.channels = config_.multifd_channels();
+    p.uuid = opts_.uuid;
+    p.machine_type = opts_.machine_type;
+    runstate_ = "inmigrate";
+    if (auto st = incoming_->start(*addr, p); !st) {
+        return qmp_error(st.error().message());
+    }
+    return json::object();
+}
+
+QmpResult Daemon::cmd_migrate_incoming(const json &args)
+{
+    if (auto e = qmp_check_members(args, {"uri", "channels", "exit-on-error"})) {
+        return *e;
+    }
+    if (opts_.role == Role::Source) {
+        return qmp_error("'-incoming' was not specified on the command line");
+    }
+    if (!args.contains("uri")) {
+        return qmp_error("need either 'uri' or 'channels' argument");
+    }
+    if (!args["uri"].is_string()) {
+        return qmp_error("Invalid parameter type for 'uri', expected: string");
+    }
+    if (args.contains("exit-on-error") && !args["exit-on-error"].is_boolean()) {
+        return qmp_error("Invalid parameter type for 'exit-on-error', expected: boolean");
+    }
+    // exit-on-error is accepted but qmigd never exits on a failed load: it
+    // reports `failed` and stays ready for the next migrate-incoming.
+    return start_incoming(args["uri"]);
+}
+
+void Daemon::register_migration_commands()
+{
+    QmpServer &q = *qmp_;
+    q.register_command("migrate", [this](const json &a) { return cmd_migrate(a); });
+    q.register_command("migrate-incoming",
+                       [this](const json &a) { return cmd_migrate_incoming(a); });
+    q.register_command("migrate_cancel", [this](const json &a) -> QmpResult {
+        if (auto e = qmp_check_members(a, {})) {
+            return *e;
+        }
+        if (outgoing_) {
+            outgoing_->cancel();
+        }
+        return json::object();
+    });
+    q.register_command("query-migrate", [this](const json &) -> QmpResult {
+        return incoming_ ? incoming_->query() : outgoing_->query();
+    });
+    q.register_command("query-migrate-capabilities",
+                       [this](const json &) -> QmpResult { return config_.capabilities(); });
+    q.register_command("query-migrate-parameters",
+                       [this](const json &) -> QmpResult { return config_.parameters(); });
+    q.register_command("migrate-set-capabilities", [this](const json &a) -> QmpResult {
+        if (migration_is_running(migration_status())) {
+            return qmp_error(opts_.role == Role::Destination
+                                 ? "Multifd must be set before incoming starts"
+                                 : "There's a migration process in progress");
+        }
+        if (auto e = config_.set_capabilities(a)) {
+            return *e;
+        }
+        return json::object();
+    });
+    q.register_command("migrate-set-parameters", [this](const json &a) -> QmpResult {
+        if (auto e = config_.set_parameters(a)) {
+            return *e;
+        }
+        if (outgoing_ && a.contains("max-bandwidth")) {
+            outgoing_->set_max_bandwidth(config_.max_bandwidth());
+        }
+        return json::object();
+    });
+}
+
+void Daemon::register_vm_commands()
+{
+    QmpServer &q = *qmp_;
+    q.register_command("query-status", [this](const json &) -> QmpResult { return query_status(); });
+    q.register_command("query-version", [](const json &) -> QmpResult {
+        return json{{"qemu", {{"micro", 2}, {"minor", 0}, {"major", 10}}},
+                    {"package", "qmigd " QMIGD_VERSION}};
+    });
+    q.register_command("query-commands", [this](const json &) -> QmpResult {
+        json list = json::array({{{"name", "qmp_capabilities"}}});
+        for (const auto &n : qmp_->command_names()) {
+            list.push_back({{"name", n}});
+        }
+        return list;
+    });
+    q.register_command("stop", [this](const json &) -> QmpResult {
+        if (runstate_ == "running") {
+            runstate_ = "paused";
+            qmp_->emit_event("STOP");
+        }
+        return json::object();
+    });
+    q.register_command("cont", [this](const json &) -> QmpResult {
+        if (runstate_ == "inmigrate") {
+            return qmp_error("Migration is not finalized yet");
+        }
+        if (runstate_ != "running") {
+            runstate_ = "running";
+            qmp_->emit_event("RESUME");
+        }
+        return json::object();
+    });
+    q.register_command("quit", [this](const json &) -> QmpResult {
+        // Reply first; shut down on the next loop turn.
+        dispatcher_->post([this] { shutdown(); });
+        return json::object();
+    });
+}
+
+void Daemon::register_commands()
+{
+    register_migration_commands();
+    register_vm_commands();
+    hmp_register(*qmp_);
+}
+
+void Daemon::shutdown()
+{
+    if (shutting_down_) {
+        return;
+    }
+    shutting_down_ = true;
+    spdlog::info("shutting down");
+    qmp_->emit_event("SHUTDOWN", {{"guest", false}, {"reason", "host-qmp-quit"}});
+    if (outgoing_) {
+        outgoing_->cancel();
+    }
+    qmp_->close();
+    dispatcher_->close();
+    uv_close(reinterpret_cast<uv_handle_t *>(&sigint_), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t *>(&sigterm_), nullptr);
+    uv_stop(&loop_);
+}
+
+Status Daemon::run()
+{
+    auto blocks = ram_blocks_open(opts_.ram_specs, opts_.role == Role::Source);
+    QMIGD_TRY(blocks);
+    blocks_ = std::move(*blocks);
+    dispatcher_ = std::make_unique<LoopDispatcher>(&loop_);
+    qmp_ = std::make_unique<QmpServer>(&loop_);
+    auto on_status = [this](MigrationStatus s) { on_migration_status(s); };
+    if (opts_.role == Role::Destination) {
+        incoming_ = std::make_unique<IncomingMigration>(&loop_, *dispatcher_, blocks_, on_status);
+    } else {
+        outgoing_ = std::make_unique<OutgoingMigration>(
+            &loop_, *dispatcher_, blocks_, on_status, [this](uint64_t n) { on_pass(n); });
+    }
+    register_commands();
+    QMIGD_TRY(qmp_->listen(opts_.qmp_path));
+    for (auto &b : blocks_) {
+        spdlog::info("RAM block '{}': {} ({} bytes)", b.desc.idstr, b.image->path(),
+                     b.desc.used_length);
+    }
+    if (opts_.role == Role::Destination && opts_.incoming != "defer") {
+        auto r = start_incoming(opts_.incoming);
+        if (auto *e = std::get_if<QmpError>(&r)) {
+            return Error(e->desc);
+        }
+    }
+    uv_signal_init(&loop_, &sigint_);
+    uv_signal_init(&loop_, &sigterm_);
+    sigint_.data = sigterm_.data = this;
+    auto on_signal = [](uv_signal_t *h, int) { static_cast<Daemon *>(h->data)->shutdown(); };
+    uv_signal_start(&sigint_, on_signal, SIGINT);
+    uv_signal_start(&sigterm_, on_signal, SIGTERM);
+    spdlog::info("qmigd {} ready, QMP on {}",
+                 opts_.role == Role::Source ? "source" : "destination", opts_.qmp_path);
+    uv_run(&loop_, UV_RUN_DEFAULT);
+    return {};
+}
+
+} // namespace qmigd

@@ -1,0 +1,65 @@
+// A qmigd daemon: one libuv loop with the QMP monitor, the RAM blocks and
+// the migration of its role (source or destination).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <uv.h>
+
+#include "daemon/incoming.h"
+#include "daemon/loop_dispatcher.h"
+#include "daemon/outgoing.h"
+#include "daemon/ram_blocks.h"
+#include "monitor/migration_config.h"
+#include "monitor/qmp_server.h"
+
+namespace qmigd {
+
+enum class Role { Source, Destination };
+
+struct DaemonOptions {
+    Role role = Role::Source;
+    std::string qmp_path;
+    std::vector<std::string> ram_specs;
+    std::string incoming = "defer"; // destination: tcp:HOST:PORT or defer
+    std::string machine_type = "none";
+    Uuid uuid{};
+};
+
+class Daemon {
+public:
+    explicit Daemon(DaemonOptions opts);
+    ~Daemon();
+
+    // Opens RAM, starts the monitor; then runs the loop until quit.
+    Status run();
+
+private:
+    void register_commands();
+    void register_migration_commands();
+    void register_vm_commands();
+    void on_migration_status(MigrationStatus s);
+    void on_pass(uint64_t n);
+    QmpResult cmd_migrate(const json &args);
+    QmpResult cmd_migrate_incoming(const json &args);
+    QmpResult start_incoming(const std::string &uri);
+    MigrationStatus migration_status() const;
+    json query_status() const;
+    void shutdown();
+
+    DaemonOptions opts_;
+    uv_loop_t loop_;
+    std::unique_ptr<LoopDispatcher> dispatcher_;
+    std::unique_ptr<QmpServer> qmp_;
+    MigrationConfig config_;
+    std::vector<RAMBlock> blocks_;
+    std::unique_ptr<IncomingMigration> incoming_;
+    std::unique_ptr<OutgoingMigration> outgoing_;
+    std::string runstate_; // QAPI RunState of this "VM"
+    uv_signal_t sigint_, sigterm_;
+    bool shutting_down_ = false;
+};
+
+} // namespace qmigd

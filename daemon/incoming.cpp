@@ -1,0 +1,368 @@
+#include "daemon/incoming.h"
+
+#include <cstring>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "daemon/socket_io.h"
+#include "protocol/multifd_packet.h"
+#include "protocol/wire.h"
+
+namespace qmigd {
+
+namespace {
+
+// The destination's side of the loader: pages go straight into the images.
+class ImageLoadHandler : public LoadvmHandler {
+public:
+    ImageLoadHandler(std::vector<RAMBlock> &blocks, MultifdRecvSync *sync)
+        : blocks_(blocks), sync_(sync)
+    {
+    }
+    uint8_t *page_host(size_t block, uint64_t offset) override
+    {
+        RamImage &img = *blocks_[block].image;
+        img.prepare_write(offset, TARGET_PAGE_SIZE);
+        return img.host(offset);
+    }
+    void zero_page(size_t block, uint64_t offset) override
+    {
+        blocks_[block].image->zero_page(offset);
+    }
+    Status multifd_flush() override
+    {
+        return sync_ ? sync_->main_flush() : Status(Error("multifd is not enabled"));
+    }
+
+private:
+    std::vector<RAMBlock> &blocks_;
+    MultifdRecvSync *sync_;
+};
+
+} // namespace
+
+IncomingMigration::IncomingMigration(uv_loop_t *loop, LoopDispatcher &dispatcher,
+                                     std::vector<RAMBlock> &blocks, OnStatus on_status)
+    : loop_(loop), dispatcher_(dispatcher), blocks_(blocks), on_status_(std::move(on_status))
+{
+}
+
+IncomingMigration::~IncomingMigration()
+{
+    if (load_thread_.joinable()) {
+        abort_with(Error("daemon shutting down"));
+        load_thread_.join();
+    }
+    cleanup_channels();
+}
+
+void IncomingMigration::set_status(MigrationStatus s)
+{
+    status_ = s;
+    on_status_(s);
+}
+
+Status IncomingMigration::start(const TcpAddress &addr, const IncomingParams &params)
+{
+    if (migration_is_running(status_)) {
+        return Error("The incoming migration has already been started");
+    }
+    if (load_thread_.joinable()) {
+        load_thread_.join();
+    }
+    params_ = params;
+    main_.reset();
+    multifd_.assign(params.multifd ? params.channels : 0, std::nullopt);
+    error_desc_.clear();
+    thread_error_.reset();
+    loading_done_ = false;
+    normal_pages_ = zero_pages_ = bytes_ = 0;
+    runstate_ = "inmigrate";
+    for (auto &b : blocks_) {
+        b.image->scan_holes();
+    }
+    listener_ = std::make_unique<TcpListener>(
+        loop_, 4, [this](PendingConnection *c, const Error *e) { on_prefix(c, e); });
+    QMIGD_TRY(listener_->listen(addr));
+    listen_host_ = addr.host;
+    spdlog::info("incoming migration: listening on {}:{} (multifd {}, {} channels)", addr.host,
+                 listener_->port(), params.multifd ? "on" : "off", params.channels);
+    set_status(MigrationStatus::Setup);
+    return {};
+}
+
+void IncomingMigration::fail_setup(const Error &err)
+{
+    spdlog::error("incoming migration failed: {}", err.message());
+    error_desc_ = err.message();
+    cleanup_channels();
+    set_status(MigrationStatus::Failed);
+}
+
+void IncomingMigration::cleanup_channels()
+{
+    if (listener_) {
+        listener_->close();
+        listener_.reset();
+    }
+    if (main_ && main_->fd >= 0) {
+        ::close(main_->fd);
+    }
+    main_.reset();
+    for (auto &ch : multifd_) {
+        if (ch && ch->fd >= 0) {
+            ::close(ch->fd);
+        }
+        ch.reset();
+    }
+}
+
+void IncomingMigration::on_prefix(PendingConnection *c, const Error *err)
+{
+    if (status_ == MigrationStatus::Active) {
+        // Threads own the channels now: any further connection is a source
+        // opening more channels than we were configured for.
+        abort_with(Error(fmt::format("Extra incoming migration connection: the source opened "
+                                     "more channels than configured (multifd {}, {} channels)",
+                                     params_.multifd ? "on" : "off", params_.channels)));
+        if (c) {
+            c->close();
+        }
+        return;
+    }
+    if (status_ != MigrationStatus::Setup) {
+        if (c) {
+            c->close();
+        }
+        return;
+    }
+    if (err) {
+        fail_setup(*err);
+        return;
+    }
+    auto prefix = c->prefix();
+    bool is_main = prefix.size() == 4 && get_be32(prefix.data()) == QEMU_VM_FILE_MAGIC;
+    if (!params_.multifd || is_main) {
+        if (main_) {
+            fail_setup(Error(params_.multifd ? "Extra incoming migration connection: a second "
+                                               "main channel"
+                                             : "Extra incoming migration connection: multifd is "
+                                               "off here, but the source opened more than one "
+                                               "channel"));
+            c->close();
+            return;
+        }
+        auto fd = c->take();
+        if (!fd) {
+            fail_setup(fd.error());
+            return;
+        }
+        main_ = Channel{*fd, prefix};
+        maybe_start();
+        return;
+    }
+    if (prefix.size() < MULTIFD_INIT_SIZE) {
+        c->want(MULTIFD_INIT_SIZE);
+        return;
+    }
+    if (auto st = accept_multifd(c); !st) {
+        c->close();
+        fail_setup(st.error());
+        return;
+    }
+    maybe_start();
+}
+
+Status IncomingMigration::accept_multifd(PendingConnection *c)
+{
+    auto prefix = c->prefix();
+    auto id = multifd_init_decode(prefix.data(), params_.uuid, params_.channels);
+    QMIGD_TRY(id);
+    if (multifd_[*id]) {
+        return Error(fmt::format("multifd: received id '{}' already setup'", *id));
+    }
+    auto fd = c->take();
+    QMIGD_TRY(fd);
+    multifd_[*id] = Channel{*fd, {}};
+    return {};
+}
+
+void IncomingMigration::maybe_start()
+{
+    if (!main_) {
+        return;
+    }
+    for (const auto &ch : multifd_) {
+        if (!ch) {
+            return;
+        }
+    }
+    load_cfg_ = LoadvmConfig{params_.machine_type, ram_block_descs(blocks_), params_.multifd,
+                             params_.uuid};
+    sync_ = params_.multifd ? std::make_unique<MultifdRecvSync>(multifd_.size()) : nullptr;
+    set_status(MigrationStatus::Active);
+    spdlog::info("incoming migration: main channel and {} multifd channels connected",
+                 multifd_.size());
+    load_thread_ = std::thread([this] { load_thread_main(); });
+}
+
+void IncomingMigration::abort_with(const Error &err)
+{
+    {
+        std::lock_guard<std::mutex> lk(err_mu_);
+        if (!thread_error_) {
+            thread_error_ = err;
+        }
+    }
+    if (sync_) {
+        sync_->abort();
+    }
+    // Wake threads blocked in read(); fds stay open until finish().
+    if (main_) {
+        shutdown_fd(main_->fd);
+    }
+    for (const auto &ch : multifd_) {
+        if (ch) {
+            shutdown_fd(ch->fd);
+        }
+    }
+}
+
+void IncomingMigration::recv_thread_main(size_t id)
+{
+    const int fd = multifd_[id]->fd;
+    uint8_t header[MULTIFD_PACKET_HEADER_SIZE];
+    struct iovec iov[MULTIFD_PACKET_PAGES];
+    for (;;) {
+        auto got = read_full(fd, header, sizeof(header));
+        if (!got || *got == 0) {
+            if (!got && !loading_done_) {
+                abort_with(Error(got.error()).prepend(fmt::format("multifd channel {}: ", id)));
+            }
+            break; // EOF at a packet boundary: the source is done with us
+        }
+        auto p = multifd_packet_decode(header, load_cfg_.blocks);
+        if (!p) {
+            abort_with(Error(p.error()).prepend(fmt::format("multifd channel {}: ", id)));
+            break;
+        }
+        RamImage &img = *blocks_[p->block].image;
+        for (uint32_t i = 0; i < p->zero_pages; i++) {
+            img.zero_page(p->offsets[p->normal_pages + i]);
+        }
+        // One iovec per run of consecutive pages: a sender that scans in
+        // order gives one readv per packet.
+        int n = 0;
+        for (uint32_t i = 0; i < p->normal_pages; i++) {
+            uint64_t off = p->offsets[i];
+            if (n > 0 && static_cast<uint8_t *>(iov[n - 1].iov_base) + iov[n - 1].iov_len ==
+                             img.host(off)) {
+                iov[n - 1].iov_len += TARGET_PAGE_SIZE;
+            } else {
+                iov[n++] = {img.host(off), TARGET_PAGE_SIZE};
+            }
+        }
+        for (int k = 0; k < n; k++) {
+            img.prepare_write(uint64_t(static_cast<uint8_t *>(iov[k].iov_base) - img.host(0)),
+                              iov[k].iov_len);
+        }
+        if (auto st = readv_full(fd, iov, n); !st) {
+            abort_with(Error(st.error()).prepend(fmt::format("multifd channel {}: ", id)));
+            break;
+        }
+        normal_pages_.fetch_add(p->normal_pages, std::memory_order_relaxed);
+        zero_pages_.fetch_add(p->zero_pages, std::memory_order_relaxed);
+        bytes_.fetch_add(sizeof(header) + p->data_bytes(), std::memory_order_relaxed);
+        if (p->is_sync() && !sync_->channel_sync(id)) {
+            break;
+        }
+    }
+    sync_->channel_closed(id);
+}
+
+void IncomingMigration::load_thread_main()
+{
+    for (size_t i = 0; i < multifd_.size(); i++) {
+        recv_threads_.emplace_back([this, i] { recv_thread_main(i); });
+    }
+    FdInputStream in(main_->fd, main_->prefix);
+    QEMUFileReader f(in, 256 * 1024);
+    ImageLoadHandler handler(blocks_, sync_.get());
+    auto result = qemu_loadvm_state(f, load_cfg_, handler);
+    bytes_.fetch_add(f.pos(), std::memory_order_relaxed);
+    if (result) {
+        normal_pages_.fetch_add(result->normal_pages);
+        zero_pages_.fetch_add(result->zero_pages);
+        // Everything the channels carry precedes the last flush; whatever
+        // they do now cannot change the outcome.
+        loading_done_ = true;
+        if (sync_) {
+            sync_->abort();
+        }
+        for (const auto &ch : multifd_) {
+            shutdown_fd(ch->fd);
+        }
+    } else {
+        abort_with(result.error());
+    }
+    for (auto &t : recv_threads_) {
+        t.join();
+    }
+    recv_threads_.clear();
+    std::optional<Error> err;
+    {
+        std::lock_guard<std::mutex> lk(err_mu_);
+        err = thread_error_;
+    }
+    std::string runstate = result ? result->runstate : "inmigrate";
+    dispatcher_.post([this, err, runstate] { finish(err, runstate); });
+}
+
+void IncomingMigration::finish(std::optional<Error> err, std::string runstate)
+{
+    if (load_thread_.joinable()) {
+        load_thread_.join();
+    }
+    cleanup_channels();
+    sync_.reset();
+    if (err) {
+        spdlog::error("incoming migration failed: {}", err->message());
+        error_desc_ = err->message();
+        set_status(MigrationStatus::Failed);
+        return;
+    }
+    runstate_ = runstate;
+    spdlog::info("incoming migration completed: {} normal pages, {} zero pages, {} bytes "
+                 "received",
+                 normal_pages_.load(), zero_pages_.load(), bytes_.load());
+    set_status(MigrationStatus::Completed);
+}
+
+nlohmann::json IncomingMigration::query() const
+{
+    using nlohmann::json;
+    if (status_ == MigrationStatus::None) {
+        return json::object();
+    }
+    json r = {{"status", migration_status_name(status_)}};
+    if (listener_ && listener_->listening()) {
+        bool v6 = listen_host_.find(':') != std::string::npos;
+        r["socket-address"] =
+            json::array({{{"type", "inet"},
+                          {"host", listen_host_},
+                          {"port", std::to_string(listener_->port())},
+                          {v6 ? "ipv6" : "ipv4", true}}});
+    }
+    if (status_ == MigrationStatus::Failed && !error_desc_.empty()) {
+        r["error-desc"] = error_desc_;
+    }
+    // qmigd addition: what the destination received.
+    r["incoming"] = {{"normal", normal_pages_.load()},
+                     {"zero", zero_pages_.load()},
+                     {"bytes", bytes_.load()}};
+    return r;
+}
+
+} // namespace qmigd

@@ -1,0 +1,103 @@
+// The destination side of a migration (QEMU's migration/migration.c
+// incoming path + savevm load + multifd receive threads).
+//
+// Threads:
+//  - loop thread: listen, accept, classify channels, status, query.
+//  - load thread: reads the main channel (qemu_loadvm_state); it is the
+//    coordinator that joins the receive threads and reports the end.
+//  - one receive thread per multifd channel.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <uv.h>
+
+#include "daemon/loop_dispatcher.h"
+#include "daemon/migration_status.h"
+#include "daemon/multifd_recv.h"
+#include "daemon/ram_blocks.h"
+#include "daemon/tcp_channels.h"
+#include "protocol/loadvm.h"
+
+namespace qmigd {
+
+struct IncomingParams {
+    bool multifd = false;
+    unsigned channels = 0;
+    Uuid uuid{};
+    std::string machine_type = "none";
+};
+
+class IncomingMigration {
+public:
+    using OnStatus = std::function<void(MigrationStatus)>;
+
+    IncomingMigration(uv_loop_t *loop, LoopDispatcher &dispatcher,
+                      std::vector<RAMBlock> &blocks, OnStatus on_status);
+    ~IncomingMigration();
+
+    // Loop thread. Starts listening (migrate-incoming).
+    Status start(const TcpAddress &addr, const IncomingParams &params);
+    MigrationStatus status() const { return status_; }
+    // query-migrate body.
+    nlohmann::json query() const;
+    // The run state the source sent in globalstate (after completion).
+    const std::string &runstate() const { return runstate_; }
+
+private:
+    struct Channel {
+        int fd = -1;
+        std::vector<uint8_t> prefix;
+    };
+
+    void on_prefix(PendingConnection *c, const Error *err);
+    Status accept_multifd(PendingConnection *c);
+    void maybe_start();
+    void set_status(MigrationStatus s);
+    void fail_setup(const Error &err);
+    void cleanup_channels();
+    void finish(std::optional<Error> err, std::string runstate);
+
+    void load_thread_main();
+    void recv_thread_main(size_t id);
+    // Any thread: record the first error and wake every thread.
+    void abort_with(const Error &err);
+
+    uv_loop_t *loop_;
+    LoopDispatcher &dispatcher_;
+    std::vector<RAMBlock> &blocks_;
+    OnStatus on_status_;
+
+    // Loop thread only.
+    IncomingParams params_;
+    MigrationStatus status_ = MigrationStatus::None;
+    std::unique_ptr<TcpListener> listener_;
+    std::string listen_host_;
+    std::optional<Channel> main_;
+    std::vector<std::optional<Channel>> multifd_;
+    std::string runstate_ = "inmigrate";
+    std::string error_desc_;
+
+    // Set before the threads start, read-only while they run.
+    LoadvmConfig load_cfg_;
+    std::unique_ptr<MultifdRecvSync> sync_;
+    std::thread load_thread_;
+    std::vector<std::thread> recv_threads_;
+
+    // Shared with the migration threads.
+    std::mutex err_mu_;
+    std::optional<Error> thread_error_; // protected by err_mu_
+    std::atomic<bool> loading_done_{false};
+    std::atomic<uint64_t> normal_pages_{0};
+    std::atomic<uint64_t> zero_pages_{0};
+    std::atomic<uint64_t> bytes_{0};
+};
+
+} // namespace qmigd

@@ -1,0 +1,65 @@
+// qmigd: QEMU-compatible live-migration daemons.
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "daemon/daemon.h"
+
+using namespace qmigd;
+
+namespace {
+
+void add_common(CLI::App *cmd, DaemonOptions &o, std::string &uuid, std::string &level)
+{
+    cmd->add_option("--qmp", o.qmp_path, "QMP monitor unix socket path")->required();
+    cmd->add_option("--ram", o.ram_specs, "RAM block: NAME=FILE[,size=BYTES][,dirty=PATH]")
+        ->required();
+    cmd->add_option("--machine-type", o.machine_type, "machine type name (default: none)");
+    cmd->add_option("--uuid", uuid, "VM UUID carried by multifd handshakes");
+    cmd->add_option("--log-level", level, "trace|debug|info|warn|error|critical|off");
+}
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+    CLI::App app{"qmigd: QEMU-compatible live-migration daemons"};
+    app.require_subcommand(1);
+    DaemonOptions src, dst;
+    std::string src_uuid, dst_uuid, src_level = "info", dst_level = "info";
+    auto *source = app.add_subcommand("source", "migration source");
+    add_common(source, src, src_uuid, src_level);
+    auto *dest = app.add_subcommand("dest", "migration destination");
+    add_common(dest, dst, dst_uuid, dst_level);
+    dest->add_option("--incoming", dst.incoming, "tcp:HOST:PORT or defer (default)");
+    CLI11_PARSE(app, argc, argv);
+
+    bool is_source = source->parsed();
+    DaemonOptions &opts = is_source ? src : dst;
+    opts.role = is_source ? Role::Source : Role::Destination;
+    const std::string &uuid = is_source ? src_uuid : dst_uuid;
+    const std::string &level = is_source ? src_level : dst_level;
+
+    auto logger = spdlog::stderr_color_mt("qmigd");
+    spdlog::set_default_logger(logger);
+    spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e qmigd %l: %v");
+    auto lvl = spdlog::level::from_str(level);
+    if (lvl == spdlog::level::off && level != "off") {
+        std::fprintf(stderr, "qmigd: unknown --log-level '%s'\n", level.c_str());
+        return 2;
+    }
+    spdlog::set_level(lvl);
+    if (!uuid.empty() && !uuid_parse(uuid, &opts.uuid)) {
+        std::fprintf(stderr, "qmigd: bad --uuid '%s'\n", uuid.c_str());
+        return 2;
+    }
+    Daemon daemon(opts);
+    Status st = daemon.run();
+    if (!st) {
+        spdlog::critical("{}", st.error().message());
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,30 @@
+// QAPI MigrationStatus values qmigd uses, with QEMU's names.
+#pragma once
+
+namespace qmigd {
+
+enum class MigrationStatus { None, Setup, Cancelling, Cancelled, Active, Device, Completed, Failed };
+
+inline const char *migration_status_name(MigrationStatus s)
+{
+    switch (s) {
+    case MigrationStatus::None: return "none";
+    case MigrationStatus::Setup: return "setup";
+    case MigrationStatus::Cancelling: return "cancelling";
+    case MigrationStatus::Cancelled: return "cancelled";
+    case MigrationStatus::Active: return "active";
+    case MigrationStatus::Device: return "device";
+    case MigrationStatus::Completed: return "completed";
+    case MigrationStatus::Failed: return "failed";
+    }
+    return "none";
+}
+
+// A migration is in progress (QEMU's migration_is_running()).
+inline bool migration_is_running(MigrationStatus s)
+{
+    return s == MigrationStatus::Setup || s == MigrationStatus::Active ||
+           s == MigrationStatus::Device || s == MigrationStatus::Cancelling;
+}
+
+} // namespace qmigd

@@ -1,0 +1,256 @@
+#include "daemon/multifd_send.h"
+
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "daemon/socket_io.h"
+#include "protocol/multifd_packet.h"
+#include "ramstate/zero_page.h"
+
+namespace qmigd {
+
+MultiFDSend::MultiFDSend(std::vector<int> fds, const std::vector<RAMBlock> &blocks,
+                         bool detect_zero, const Uuid &uuid)
+    : blocks_(blocks), detect_zero_(detect_zero), uuid_(uuid)
+{
+    for (size_t i = 0; i < fds.size(); i++) {
+        auto ch = std::make_unique<Channel>();
+        ch->id = unsigned(i);
+        ch->fd = fds[i];
+        channels_.push_back(std::move(ch));
+    }
+}
+
+MultiFDSend::~MultiFDSend()
+{
+    shutdown();
+    for (auto &ch : channels_) {
+        if (ch->thread.joinable()) {
+            ch->thread.join();
+        }
+        ::close(ch->fd);
+    }
+}
+
+void MultiFDSend::start()
+{
+    for (auto &ch : channels_) {
+        Channel *c = ch.get();
+        c->thread = std::thread([this, c] { channel_main(*c); });
+    }
+}
+
+void MultiFDSend::set_error(const Error &e)
+{
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!error_) {
+        error_ = e;
+    }
+    quit_ = true;
+    main_cv_.notify_all();
+    for (auto &ch : channels_) {
+        ch->cv.notify_all();
+    }
+}
+
+Status MultiFDSend::error() const
+{
+    std::lock_guard<std::mutex> lk(mu_);
+    return error_ ? Status(*error_) : Status();
+}
+
+void MultiFDSend::shutdown()
+{
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        quit_ = true;
+        main_cv_.notify_all();
+        for (auto &ch : channels_) {
+            ch->cv.notify_all();
+        }
+    }
+    for (auto &ch : channels_) {
+        shutdown_fd(ch->fd);
+    }
+}
+
+Status MultiFDSend::queue_page(size_t block, uint64_t offset)
+{
+    MultiFDPages &p = *pending_;
+    if (p.num > 0 && p.block != block) {
+        QMIGD_TRY(send_pending());
+    }
+    p.block = block;
+    p.offset[p.num++] = offset;
+    if (p.num == MULTIFD_PACKET_PAGES) {
+        return send_pending();
+    }
+    return {};
+}
+
+// Hands the pending batch to the next idle channel (round robin from the
+// last one used), waiting for one if all are busy.
+Status MultiFDSend::send_pending()
+{
+    std::unique_lock<std::mutex> lk(mu_);
+    Channel *target = nullptr;
+    main_cv_.wait(lk, [&] {
+        if (quit_) {
+            return true;
+        }
+        for (size_t k = 0; k < channels_.size(); k++) {
+            Channel *c = channels_[(next_channel_ + k) % channels_.size()].get();
+            if (!c->pending_job) {
+                target = c;
+                return true;
+            }
+        }
+        return false;
+    });
+    if (quit_) {
+        return error_ ? *error_ : Error("multifd: channels shut down");
+    }
+    next_channel_ = (target->id + 1) % channels_.size();
+    std::swap(target->pages, pending_);
+    pending_->num = 0;
+    target->pending_job = true;
+    target->cv.notify_one();
+    return {};
+}
+
+Status MultiFDSend::sync()
+{
+    if (pending_->num > 0) {
+        QMIGD_TRY(send_pending());
+    }
+    std::unique_lock<std::mutex> lk(mu_);
+    std::vector<uint64_t> target(channels_.size());
+    for (auto &ch : channels_) {
+        target[ch->id] = ch->syncs_done + 1;
+        ch->pending_sync = true;
+        ch->cv.notify_one();
+    }
+    main_cv_.wait(lk, [&] {
+        if (quit_) {
+            return true;
+        }
+        for (auto &ch : channels_) {
+            if (ch->syncs_done < target[ch->id]) {
+                return false;
+            }
+        }
+        return true;
+    });
+    if (quit_) {
+        return error_ ? *error_ : Error("multifd: channels shut down");
+    }
+    return {};
+}
+
+Status MultiFDSend::send_packet(Channel &ch, const MultiFDPages *pages, uint32_t flags)
+{
+    uint8_t header[MULTIFD_PACKET_HEADER_SIZE];
+    uint64_t offsets[MULTIFD_PACKET_PAGES];
+    struct iovec iov[1 + MULTIFD_PACKET_PAGES];
+    uint32_t normal = 0, zero = 0, num = pages ? pages->num : 0;
+    const RAMBlock *block = num ? &blocks_[pages->block] : nullptr;
+
+    // Normal pages first, zero pages after them, each in scan order.
+    if (num) {
+        uint64_t zeros[MULTIFD_PACKET_PAGES];
+        for (uint32_t i = 0; i < num; i++) {
+            uint64_t off = pages->offset[i];
+            if (detect_zero_ && buffer_is_zero_page(block->image->host(off))) {
+                zeros[zero++] = off;
+            } else {
+                offsets[normal++] = off;
+            }
+        }
+        std::copy(zeros, zeros + zero, offsets + normal);
+    }
+    multifd_packet_encode(header, flags, packet_num_.fetch_add(1, std::memory_order_relaxed),
+                          block ? std::string_view(block->desc.idstr) : std::string_view(),
+                          offsets, normal, zero);
+    int n = 0;
+    iov[n++] = {header, sizeof(header)};
+    for (uint32_t i = 0; i < normal; i++) {
+        uint8_t *host = block->image->host(offsets[i]);
+        if (n > 1 && static_cast<uint8_t *>(iov[n - 1].iov_base) + iov[n - 1].iov_len == host) {
+            iov[n - 1].iov_len += TARGET_PAGE_SIZE;
+        } else {
+            iov[n++] = {host, TARGET_PAGE_SIZE};
+        }
+    }
+    QMIGD_TRY(writev_full(ch.fd, iov, n));
+    ch.bytes.fetch_add(sizeof(header) + uint64_t(normal) * TARGET_PAGE_SIZE,
+                       std::memory_order_relaxed);
+    ch.normal.fetch_add(normal, std::memory_order_relaxed);
+    ch.zero.fetch_add(zero, std::memory_order_relaxed);
+    return {};
+}
+
+void MultiFDSend::channel_main(Channel &ch)
+{
+    uint8_t init[MULTIFD_INIT_SIZE];
+    multifd_init_encode(uuid_, uint8_t(ch.id), init);
+    Status st = write_full(ch.fd, init, sizeof(init));
+    if (st) {
+        ch.bytes.fetch_add(sizeof(init), std::memory_order_relaxed);
+    }
+    std::unique_lock<std::mutex> lk(mu_);
+    while (st) {
+        ch.cv.wait(lk, [&] { return quit_ || ch.pending_job || ch.pending_sync; });
+        if (quit_) {
+            break;
+        }
+        if (ch.pending_job) {
+            lk.unlock();
+            st = send_packet(ch, ch.pages.get(), 0);
+            lk.lock();
+            ch.pending_job = false;
+        } else {
+            lk.unlock();
+            st = send_packet(ch, nullptr, MULTIFD_FLAG_SYNC);
+            lk.lock();
+            ch.pending_sync = false;
+            ch.syncs_done++;
+        }
+        main_cv_.notify_all();
+    }
+    lk.unlock();
+    if (!st) {
+        set_error(Error(st.error()).prepend(fmt::format("multifd channel {}: ", ch.id)));
+    }
+}
+
+uint64_t MultiFDSend::bytes() const
+{
+    uint64_t sum = 0;
+    for (const auto &ch : channels_) {
+        sum += ch->bytes.load(std::memory_order_relaxed);
+    }
+    return sum;
+}
+
+uint64_t MultiFDSend::normal_pages() const
+{
+    uint64_t sum = 0;
+    for (const auto &ch : channels_) {
+        sum += ch->normal.load(std::memory_order_relaxed);
+    }
+    return sum;
+}
+
+uint64_t MultiFDSend::zero_pages() const
+{
+    uint64_t sum = 0;
+    for (const auto &ch : channels_) {
+        sum += ch->zero.load(std::memory_order_relaxed);
+    }
+    return sum;
+}
+
+} // namespace qmigd

@@ -1,0 +1,98 @@
+// Source multifd: sender threads and the main thread's hand-off to them
+// (QEMU's multifd_send_state / MultiFDSendParams).
+//
+// The main migration thread queues pages into `pending_` (packet-sized
+// batches, one RAMBlock each) and hands a full batch to an idle channel by
+// swapping buffers; the channel thread detects zero pages (zero-page-
+// detection=multifd), builds the 1344-byte header and sends header + pages
+// with one writev straight from the mapped image.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "daemon/ram_blocks.h"
+#include "protocol/error.h"
+
+namespace qmigd {
+
+// A packet's worth of queued pages of one block.
+struct MultiFDPages {
+    size_t block = 0;
+    uint32_t num = 0;
+    uint64_t offset[MULTIFD_PACKET_PAGES];
+};
+
+class MultiFDSend {
+public:
+    MultiFDSend(std::vector<int> fds, const std::vector<RAMBlock> &blocks, bool detect_zero,
+                const Uuid &uuid);
+    ~MultiFDSend();
+
+    // Spawns the channel threads; each sends its init message at once.
+    void start();
+
+    // --- main migration thread only ---
+    // Queues a page; sends the batch when full or the block changes.
+    Status queue_page(size_t block, uint64_t offset);
+    // Sends the partial batch, a SYNC on every channel, and waits until every
+    // channel has written its SYNC (the caller writes MULTIFD_FLUSH after:
+    // the deadlock rule of the wire-format doc, 3.6).
+    Status sync();
+
+    // --- any thread ---
+    // Wakes and stops every channel thread (idempotent); fds are shut down.
+    void shutdown();
+    Status error() const;
+
+    uint64_t bytes() const;
+    uint64_t normal_pages() const;
+    uint64_t zero_pages() const;
+
+private:
+    struct Channel {
+        unsigned id = 0;
+        int fd = -1;
+        std::thread thread;
+        std::condition_variable cv; // channel waits here for work
+        // Protected by MultiFDSend::mu_.
+        bool pending_job = false;
+        bool pending_sync = false;
+        uint64_t syncs_done = 0;
+        // Owned by the channel thread while pending_job, else by main.
+        std::unique_ptr<MultiFDPages> pages = std::make_unique<MultiFDPages>();
+        // Written by the channel thread, read by query.
+        std::atomic<uint64_t> bytes{0};
+        std::atomic<uint64_t> normal{0};
+        std::atomic<uint64_t> zero{0};
+    };
+
+    Status send_pending();
+    void channel_main(Channel &ch);
+    Status send_packet(Channel &ch, const MultiFDPages *pages, uint32_t flags);
+    void set_error(const Error &e);
+
+    const std::vector<RAMBlock> &blocks_;
+    const bool detect_zero_;
+    const Uuid uuid_;
+    std::vector<std::unique_ptr<Channel>> channels_;
+
+    mutable std::mutex mu_;
+    std::condition_variable main_cv_; // main waits here for idle/sync done
+    bool quit_ = false;               // protected by mu_
+    std::optional<Error> error_;      // protected by mu_
+
+    // Main thread only.
+    std::unique_ptr<MultiFDPages> pending_ = std::make_unique<MultiFDPages>();
+    size_t next_channel_ = 0;
+
+    // One sequence for all channels (packet_num), like QEMU.
+    std::atomic<uint64_t> packet_num_{0};
+};
+
+} // namespace qmigd

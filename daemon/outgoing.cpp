@@ -1,0 +1,565 @@
+#include "daemon/outgoing.h"
+
+#include <bit>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "daemon/multifd_send.h"
+#include "daemon/qemu_file_writer.h"
+#include "daemon/socket_io.h"
+#include "protocol/savevm.h"
+#include "ramstate/zero_page.h"
+
+namespace qmigd {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Section ids QEMU 10 uses for a -M none guest.
+constexpr uint32_t kTimerSectionId = 0;
+constexpr uint32_t kRamSectionId = 1;
+constexpr uint32_t kGlobalStateSectionId = 3;
+// A PART section ends after this long (ram_save_iterate's 50 ms slice),
+// and the rate limit works in windows of 100 ms, as in QEMU.
+constexpr auto kSliceTime = std::chrono::milliseconds(50);
+constexpr auto kRateWindow = std::chrono::milliseconds(100);
+
+int64_t ms_since(Clock::time_point t)
+{
+    return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
+}
+
+} // namespace
+
+// The migration thread's state and steps. Lives on the migration thread.
+class OutgoingMigration::Runner {
+public:
+    Runner(OutgoingMigration &m, std::vector<int> fds)
+        : m_(m), p_(m.params_), blocks_(m.blocks_), main_fd_(fds[0]), out_(fds[0])
+    {
+        if (p_.multifd) {
+            std::vector<int> mfds(fds.begin() + 1, fds.end());
+            multifd_ = std::make_unique<MultiFDSend>(
+                mfds, blocks_, p_.zpd == ZeroPageDetection::Multifd, p_.uuid);
+        }
+        for (const auto &b : blocks_) {
+            descs_.push_back(b.desc);
+            bitmaps_.emplace_back((b.image->pages() + 63) / 64, 0);
+        }
+    }
+    ~Runner() { ::close(main_fd_); }
+
+    Status run();
+
+private:
+    Status setup();
+    Status iterate();
+    void update_counters(bool force);
+    Status complete();
+    Status send_part(bool *round_done);
+    Status send_dirty(bool until_done, bool *round_done);
+    Status send_page(size_t block, uint64_t page);
+    Status round_flush();
+    uint64_t dirty_sync();
+    Status rate_limit_wait();
+    void publish();
+    Status check_cancel();
+    uint64_t transferred() const
+    {
+        return out_.bytes_total() + (multifd_ ? multifd_->bytes() : 0);
+    }
+
+    OutgoingMigration &m_;
+    const OutgoingParams p_;
+    std::vector<RAMBlock> &blocks_;
+    int main_fd_;
+    QEMUFileWriter out_;
+    std::unique_ptr<MultiFDSend> multifd_;
+    RamRecordEncoder records_;
+    std::vector<RamBlockDesc> descs_;
+    // Migration bitmaps: pages still to send, one bit per page.
+    std::vector<std::vector<uint64_t>> bitmaps_;
+    uint64_t dirty_pages_ = 0;
+    // Scan cursor: block and word (the round wraps when it passes the end).
+    size_t cur_block_ = 0;
+    size_t cur_word_ = 0;
+    bool downtime_ = false; // VM stopped: records count as downtime bytes
+    uint64_t legacy_normal_ = 0, legacy_zero_ = 0;
+    Clock::time_point window_start_;
+    uint64_t window_bytes_ = 0;
+    // Bandwidth measurement (migration_update_counters).
+    Clock::time_point update_start_;
+    uint64_t update_bytes_ = 0;
+    uint64_t threshold_ = 0; // bytes that fit in downtime-limit; 0 until measured
+};
+
+// Moves every bit the guest set since the last sync into the migration
+// bitmaps (get-and-clear), like migration_bitmap_sync().
+uint64_t OutgoingMigration::Runner::dirty_sync()
+{
+    uint64_t added = 0;
+    for (size_t i = 0; i < blocks_.size(); i++) {
+        if (blocks_[i].dirty) {
+            added += blocks_[i].dirty->sync_and_clear(bitmaps_[i]);
+        }
+    }
+    dirty_pages_ += added;
+    uint64_t n = m_.stats_->dirty_sync_count.fetch_add(1) + 1;
+    m_.stats_->remaining_pages = dirty_pages_;
+    m_.dispatcher_.post([&m = m_, n] { m.on_pass_(n); });
+    spdlog::info("migration: dirty sync {}: {} pages dirty ({} new)", n, dirty_pages_, added);
+    return added;
+}
+
+Status OutgoingMigration::Runner::check_cancel()
+{
+    if (m_.cancel_requested_) {
+        return Error("migration cancelled");
+    }
+    return {};
+}
+
+void OutgoingMigration::Runner::publish()
+{
+    auto &s = *m_.stats_;
+    s.main_bytes = out_.bytes_total();
+    s.multifd_bytes = multifd_ ? multifd_->bytes() : 0;
+    s.normal = legacy_normal_ + (multifd_ ? multifd_->normal_pages() : 0);
+    s.zero = legacy_zero_ + (multifd_ ? multifd_->zero_pages() : 0);
+    s.remaining_pages = dirty_pages_;
+    int64_t active_ms = ms_since(m_.start_time_) - s.setup_time_ms;
+    if (active_ms > 0) {
+        s.mbps = double(transferred()) * 8 / double(active_ms) / 1000;
+        s.pages_per_second = (s.normal + s.zero) * 1000 / uint64_t(active_ms);
+    }
+}
+
+Status OutgoingMigration::Runner::setup()
+{
+    if (multifd_) {
+        multifd_->start();
+    }
+    ByteWriter &w = out_.w();
+    savevm_put_header(w);
+    savevm_put_configuration(w, p_.machine_type);
+    savevm_put_section_header(w, QEMU_VM_SECTION_START, kRamSectionId, "ram", 0,
+                              RAM_SECTION_VERSION);
+    ram_put_mem_size(w, descs_);
+    // Dirty sync 1: every page is to be sent; what the guest marked so far is
+    // already covered, so the shared bitmaps start clean.
+    for (size_t i = 0; i < blocks_.size(); i++) {
+        uint64_t pages = blocks_[i].image->pages();
+        std::fill(bitmaps_[i].begin(), bitmaps_[i].end(), ~uint64_t(0));
+        if (pages % 64) {
+            bitmaps_[i].back() = (uint64_t(1) << (pages % 64)) - 1;
+        }
+        dirty_pages_ += pages;
+    }
+    dirty_sync();
+    if (multifd_) {
+        QMIGD_TRY(round_flush());
+    }
+    ram_put_flag(w, RAM_SAVE_FLAG_EOS);
+    savevm_put_footer(w, kRamSectionId);
+    return out_.flush();
+}
+
+// End of a pass over all blocks: every page sent so far must land before
+// the main channel goes on (SYNC on all channels, then MULTIFD_FLUSH).
+Status OutgoingMigration::Runner::round_flush()
+{
+    if (!multifd_) {
+        return {};
+    }
+    QMIGD_TRY(multifd_->sync());
+    ram_put_flag(out_.w(), RAM_SAVE_FLAG_MULTIFD_FLUSH);
+    return out_.flush();
+}
+
+Status OutgoingMigration::Runner::send_page(size_t block, uint64_t page)
+{
+    RAMBlock &b = blocks_[block];
+    uint64_t offset = page << TARGET_PAGE_BITS;
+    const uint8_t *host = b.image->host(offset);
+    auto &counter = downtime_ ? m_.stats_->downtime_bytes : m_.stats_->precopy_bytes;
+
+    if (multifd_ && p_.zpd != ZeroPageDetection::Legacy) {
+        return multifd_->queue_page(block, offset);
+    }
+    bool check = p_.zpd != ZeroPageDetection::None;
+    if (check && buffer_is_zero_page(host)) {
+        counter += records_.put_zero_page(out_.w(), b.desc, offset);
+        legacy_zero_++;
+    } else if (multifd_) {
+        return multifd_->queue_page(block, offset);
+    } else {
+        counter += records_.put_page_header(out_.w(), b.desc, offset) + TARGET_PAGE_SIZE;
+        out_.add_page(host, TARGET_PAGE_SIZE);
+        legacy_normal_++;
+    }
+    return out_.maybe_flush();
+}
+
+// Sends dirty pages word by word from the cursor. Stops at the end of the
+// round (*round_done), or, unless until_done, when the slice or the rate
+// window is used up.
+Status OutgoingMigration::Runner::send_dirty(bool until_done, bool *round_done)
+{
+    auto slice_start = Clock::now();
+    uint64_t budget = m_.max_bandwidth_ / 10;
+    *round_done = false;
+    while (cur_block_ < blocks_.size()) {
+        auto &bm = bitmaps_[cur_block_];
+        for (; cur_word_ < bm.size(); cur_word_++) {
+            uint64_t bits = bm[cur_word_];
+            if (bits == 0) {
+                continue;
+            }
+            bm[cur_word_] = 0;
+            dirty_pages_ -= uint64_t(std::popcount(bits));
+            uint64_t before = transferred();
+            while (bits) {
+                uint64_t page = cur_word_ * 64 + uint64_t(std::countr_zero(bits));
+                bits &= bits - 1;
+                QMIGD_TRY(send_page(cur_block_, page));
+            }
+            uint64_t sent = transferred() - before;
+            window_bytes_ += sent;
+            if (until_done) {
+                continue;
+            }
+            if (Clock::now() - slice_start > kSliceTime || (budget && window_bytes_ >= budget)) {
+                cur_word_++;
+                return {};
+            }
+        }
+        cur_block_++;
+        cur_word_ = 0;
+    }
+    cur_block_ = 0;
+    *round_done = true;
+    return round_flush();
+}
+
+Status OutgoingMigration::Runner::rate_limit_wait()
+{
+    uint64_t budget = m_.max_bandwidth_ / 10;
+    auto now = Clock::now();
+    if (now - window_start_ >= kRateWindow) {
+        window_start_ = now;
+        window_bytes_ = 0;
+        return {};
+    }
+    if (!budget || window_bytes_ < budget) {
+        return {};
+    }
+    // Sleep to the end of the window in small steps, so cancel stays quick.
+    while (Clock::now() - window_start_ < kRateWindow) {
+        QMIGD_TRY(check_cancel());
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    window_start_ = Clock::now();
+    window_bytes_ = 0;
+    return {};
+}
+
+Status OutgoingMigration::Runner::send_part(bool *round_done)
+{
+    savevm_put_section_continue(out_.w(), QEMU_VM_SECTION_PART, kRamSectionId);
+    QMIGD_TRY(send_dirty(false, round_done));
+    ram_put_flag(out_.w(), RAM_SAVE_FLAG_EOS);
+    m_.stats_->precopy_bytes += 8;
+    savevm_put_footer(out_.w(), kRamSectionId);
+    QMIGD_TRY(out_.flush());
+    publish();
+    QMIGD_TRY(check_cancel());
+    return rate_limit_wait();
+}
+
+// Every 100 ms, like migration_update_counters(): the bandwidth of the
+// last window gives the switchover threshold (bandwidth x downtime-limit)
+// and the expected downtime.
+void OutgoingMigration::Runner::update_counters(bool force)
+{
+    auto now = Clock::now();
+    double secs = std::chrono::duration<double>(now - update_start_).count();
+    if (!force && secs < 0.1) {
+        return;
+    }
+    uint64_t bytes = transferred();
+    double bw = secs > 0 ? double(bytes - update_bytes_) / secs : 0; // bytes/s
+    update_start_ = now;
+    update_bytes_ = bytes;
+    threshold_ = uint64_t(bw * double(p_.downtime_limit_ms) / 1000);
+    if (bw > 0) {
+        m_.stats_->expected_downtime_ms =
+            int64_t(double(dirty_pages_ * TARGET_PAGE_SIZE) * 1000 / bw);
+    }
+    publish();
+}
+
+// migration_iteration_run(): while the remaining dirty memory is above what
+// can be sent within downtime-limit, send another PART; when it drops
+// below, sync the dirty bitmap and, if it is still below, switch over.
+Status OutgoingMigration::Runner::iterate()
+{
+    update_start_ = Clock::now();
+    update_bytes_ = transferred();
+    for (;;) {
+        if (dirty_pages_ * TARGET_PAGE_SIZE <= threshold_) {
+            dirty_sync();
+            if (dirty_pages_ * TARGET_PAGE_SIZE <= threshold_) {
+                return {};
+            }
+        }
+        bool round_done = false;
+        QMIGD_TRY(send_part(&round_done));
+        update_counters(false);
+    }
+}
+
+Status OutgoingMigration::Runner::complete()
+{
+    auto stop_time = Clock::now();
+    if (m_.hooks_.pause) {
+        m_.hooks_.pause();
+    }
+    downtime_ = true;
+    m_.dispatcher_.post([&m = m_] { m.set_status(MigrationStatus::Device); });
+    ByteWriter &w = out_.w();
+    savevm_put_command(w, MIG_CMD_SWITCHOVER_START);
+    savevm_put_section_continue(w, QEMU_VM_SECTION_END, kRamSectionId);
+    dirty_sync();
+    // Everything left, wrapping as often as needed; send_dirty() ends each
+    // pass with the multifd sync, so the last page is followed by one.
+    bool round_done = false;
+    do {
+        QMIGD_TRY(send_dirty(true, &round_done));
+    } while (dirty_pages_ > 0);
+    ram_put_flag(w, RAM_SAVE_FLAG_EOS);
+    savevm_put_footer(w, kRamSectionId);
+    savevm_put_timer(w, kTimerSectionId);
+    savevm_put_globalstate(w, kGlobalStateSectionId, "running");
+    savevm_put_eof_and_vmdesc(w);
+    QMIGD_TRY(out_.flush());
+    m_.stats_->downtime_ms = ms_since(stop_time);
+    return {};
+}
+
+Status OutgoingMigration::Runner::run()
+{
+    window_start_ = Clock::now();
+    QMIGD_TRY(setup());
+    m_.stats_->setup_time_ms = ms_since(m_.start_time_);
+    m_.stats_->expected_downtime_ms = int64_t(p_.downtime_limit_ms);
+    m_.dispatcher_.post([&m = m_] { m.set_status(MigrationStatus::Active); });
+    QMIGD_TRY(iterate());
+    QMIGD_TRY(complete());
+    if (multifd_) {
+        QMIGD_TRY(multifd_->error());
+        multifd_->shutdown();
+    }
+    publish();
+    m_.stats_->remaining_pages = 0;
+    m_.stats_->dirty_pages_rate = 0;
+    m_.stats_->total_time_ms = ms_since(m_.start_time_);
+    int64_t active = m_.stats_->total_time_ms - m_.stats_->setup_time_ms;
+    m_.stats_->mbps = active > 0 ? double(transferred()) * 8 / double(active) / 1000 : 0;
+    return {};
+}
+
+OutgoingMigration::OutgoingMigration(uv_loop_t *loop, LoopDispatcher &dispatcher,
+                                     std::vector<RAMBlock> &blocks, OnStatus on_status,
+                                     OnPass on_pass)
+    : loop_(loop), dispatcher_(dispatcher), blocks_(blocks), on_status_(std::move(on_status)),
+      on_pass_(std::move(on_pass))
+{
+    for (const auto &b : blocks_) {
+        total_bytes_ += b.desc.used_length;
+    }
+}
+
+OutgoingMigration::~OutgoingMigration()
+{
+    if (thread_.joinable()) {
+        cancel();
+        thread_.join();
+    }
+}
+
+void OutgoingMigration::set_status(MigrationStatus s)
+{
+    status_ = s;
+    on_status_(s);
+}
+
+Status OutgoingMigration::start(const TcpAddress &addr, const OutgoingParams &params,
+                                GuestHooks hooks)
+{
+    if (thread_.joinable()) {
+        thread_.join();
+    }
+    params_ = params;
+    hooks_ = std::move(hooks);
+    max_bandwidth_ = params.max_bandwidth;
+    cancel_requested_ = false;
+    error_desc_.clear();
+    stats_ = std::make_unique<Stats>();
+    start_time_ = std::chrono::steady_clock::now();
+    set_status(MigrationStatus::Setup);
+    spdlog::info("migration: start to {}:{} (multifd {}, {} channels, zero-page-detection {}, "
+                 "{} bytes of RAM)",
+                 addr.host, addr.port, params.multifd ? "on" : "off",
+                 params.multifd ? params.channels : 0, int(params.zpd), total_bytes_);
+    uint64_t gen = ++generation_;
+    tcp_connect_all(loop_, addr, 1 + (params.multifd ? params.channels : 0),
+                    [this, gen](Result<std::vector<int>> fds) {
+                        if (gen != generation_ || status_ != MigrationStatus::Setup) {
+                            if (fds) {
+                                for (int fd : *fds) {
+                                    ::close(fd);
+                                }
+                            }
+                            return;
+                        }
+                        on_connected(std::move(fds));
+                    });
+    return {};
+}
+
+void OutgoingMigration::on_connected(Result<std::vector<int>> fds)
+{
+    if (!fds) {
+        finish(fds.error());
+        return;
+    }
+    {
+        std::lock_guard<std::mutex> lk(fds_mu_);
+        fds_ = *fds;
+    }
+    thread_ = std::thread([this, fds = *fds] {
+        std::optional<Error> err;
+        {
+            Runner r(*this, fds);
+            Status st = r.run();
+            if (!st) {
+                err = st.error();
+            }
+        } // channels closed here
+        {
+            std::lock_guard<std::mutex> lk(fds_mu_);
+            fds_.clear();
+        }
+        dispatcher_.post([this, err] { finish(err); });
+    });
+}
+
+void OutgoingMigration::finish(std::optional<Error> err)
+{
+    if (thread_.joinable()) {
+        thread_.join();
+    }
+    if (stats_->total_time_ms == 0) {
+        stats_->total_time_ms = ms_since(start_time_);
+    }
+    if (cancel_requested_) {
+        spdlog::info("migration: cancelled after {} ms", stats_->total_time_ms.load());
+        if (hooks_.resume) {
+            hooks_.resume();
+        }
+        set_status(MigrationStatus::Cancelled);
+        return;
+    }
+    if (err) {
+        spdlog::error("migration failed: {}", err->message());
+        error_desc_ = err->message();
+        if (hooks_.resume) {
+            hooks_.resume();
+        }
+        set_status(MigrationStatus::Failed);
+        return;
+    }
+    spdlog::info("migration: completed in {} ms (setup {} ms, downtime {} ms): {} bytes "
+                 "transferred, {} normal pages, {} zero pages, {} dirty syncs, {:.2f} mbps",
+                 stats_->total_time_ms.load(), stats_->setup_time_ms.load(),
+                 stats_->downtime_ms.load(),
+                 stats_->main_bytes.load() + stats_->multifd_bytes.load(), stats_->normal.load(),
+                 stats_->zero.load(), stats_->dirty_sync_count.load(), stats_->mbps.load());
+    set_status(MigrationStatus::Completed);
+}
+
+void OutgoingMigration::cancel()
+{
+    if (!migration_is_running(status_)) {
+        return;
+    }
+    cancel_requested_ = true;
+    set_status(MigrationStatus::Cancelling);
+    std::lock_guard<std::mutex> lk(fds_mu_);
+    for (int fd : fds_) {
+        shutdown_fd(fd);
+    }
+    if (!thread_.joinable()) {
+        // Still connecting: the connect callback will see the status change.
+        ++generation_;
+        dispatcher_.post([this] { finish(std::nullopt); });
+    }
+}
+
+nlohmann::json OutgoingMigration::query() const
+{
+    using nlohmann::json;
+    if (status_ == MigrationStatus::None) {
+        return json::object();
+    }
+    json r = {{"status", migration_status_name(status_)}};
+    switch (status_) {
+    case MigrationStatus::Setup:
+    case MigrationStatus::Cancelled:
+        return r;
+    case MigrationStatus::Failed:
+        if (!error_desc_.empty()) {
+            r["error-desc"] = error_desc_;
+        }
+        return r;
+    default:
+        break;
+    }
+    const auto &s = *stats_;
+    bool done = status_ == MigrationStatus::Completed;
+    r["setup-time"] = s.setup_time_ms.load();
+    r["total-time"] = done ? s.total_time_ms.load() : ms_since(start_time_);
+    if (done) {
+        r["downtime"] = s.downtime_ms.load();
+    } else {
+        r["expected-downtime"] = s.expected_downtime_ms.load();
+    }
+    uint64_t normal = s.normal, zero = s.zero;
+    r["ram"] = {
+        {"transferred", s.main_bytes + s.multifd_bytes},
+        {"remaining", done ? 0 : s.remaining_pages * TARGET_PAGE_SIZE},
+        {"total", total_bytes_},
+        {"duplicate", zero},
+        {"zero", zero},
+        {"zero-bytes", zero * TARGET_PAGE_SIZE},
+        {"normal", normal},
+        {"normal-bytes", normal * TARGET_PAGE_SIZE},
+        {"dirty-pages-rate", s.dirty_pages_rate.load()},
+        {"mbps", s.mbps.load()},
+        {"dirty-sync-count", s.dirty_sync_count.load()},
+        {"postcopy-requests", 0},
+        {"page-size", TARGET_PAGE_SIZE},
+        {"multifd-bytes", s.multifd_bytes.load()},
+        {"pages-per-second", s.pages_per_second.load()},
+        {"precopy-bytes", s.precopy_bytes.load()},
+        {"downtime-bytes", s.downtime_bytes.load()},
+        {"postcopy-bytes", 0},
+        {"dirty-sync-missed-zero-copy", 0},
+    };
+    return r;
+}
+
+} // namespace qmigd

@@ -1,0 +1,118 @@
+// The source side of a migration: the main migration thread (QEMU's
+// migration_thread + ram_save_setup/iterate/complete) driving multifd
+// sender threads.
+//
+// Threads:
+//  - loop thread: migrate / migrate_cancel / query-migrate, connects the
+//    channels (libuv), receives status changes through the dispatcher.
+//  - migration thread: owns the main channel, the dirty bitmaps' migration
+//    copies and the multifd hand-off; publishes counters as atomics.
+//  - multifd sender threads (multifd_send.h).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <uv.h>
+
+#include "daemon/loop_dispatcher.h"
+#include "daemon/migration_status.h"
+#include "daemon/ram_blocks.h"
+#include "daemon/tcp_channels.h"
+#include "monitor/migration_config.h"
+
+namespace qmigd {
+
+struct OutgoingParams {
+    bool multifd = false;
+    unsigned channels = 2;
+    ZeroPageDetection zpd = ZeroPageDetection::Multifd;
+    uint64_t max_bandwidth = 0; // bytes/s, 0 = unlimited
+    uint64_t downtime_limit_ms = 300;
+    std::string machine_type = "none";
+    Uuid uuid{};
+};
+
+// Hooks into the guest (pause for switchover); the workload issue plugs a
+// guest control record in here.
+struct GuestHooks {
+    std::function<void()> pause;  // returns once the guest is paused
+    std::function<void()> resume; // after cancel/failure
+};
+
+class OutgoingMigration {
+public:
+    using OnStatus = std::function<void(MigrationStatus)>;
+    using OnPass = std::function<void(uint64_t)>;
+
+    OutgoingMigration(uv_loop_t *loop, LoopDispatcher &dispatcher, std::vector<RAMBlock> &blocks,
+                      OnStatus on_status, OnPass on_pass);
+    ~OutgoingMigration();
+
+    // Loop thread.
+    Status start(const TcpAddress &addr, const OutgoingParams &params, GuestHooks hooks);
+    void cancel();
+    MigrationStatus status() const { return status_; }
+    nlohmann::json query() const;
+    // Live max-bandwidth changes apply at once, as in QEMU.
+    void set_max_bandwidth(uint64_t bw) { max_bandwidth_ = bw; }
+
+private:
+    class Runner;
+    friend class Runner;
+
+    void on_connected(Result<std::vector<int>> fds);
+    void set_status(MigrationStatus s);
+    void finish(std::optional<Error> err);
+
+    uv_loop_t *loop_;
+    LoopDispatcher &dispatcher_;
+    std::vector<RAMBlock> &blocks_;
+    OnStatus on_status_;
+    OnPass on_pass_;
+
+    // Loop thread only.
+    MigrationStatus status_ = MigrationStatus::None;
+    OutgoingParams params_;
+    GuestHooks hooks_;
+    std::string error_desc_;
+    std::thread thread_;
+    uint64_t generation_ = 0; // ignores connects of a cancelled attempt
+
+    // Written by the migration thread, read by the loop (query).
+    struct Stats {
+        std::atomic<uint64_t> main_bytes{0};
+        std::atomic<uint64_t> multifd_bytes{0};
+        std::atomic<uint64_t> normal{0};
+        std::atomic<uint64_t> zero{0};
+        std::atomic<uint64_t> precopy_bytes{0};
+        std::atomic<uint64_t> downtime_bytes{0};
+        std::atomic<uint64_t> remaining_pages{0};
+        std::atomic<uint64_t> dirty_sync_count{0};
+        std::atomic<uint64_t> dirty_pages_rate{0};
+        std::atomic<int64_t> setup_time_ms{0};
+        std::atomic<int64_t> total_time_ms{0}; // set at the end
+        std::atomic<int64_t> downtime_ms{0};
+        std::atomic<int64_t> expected_downtime_ms{0};
+        std::atomic<uint64_t> pages_per_second{0};
+        std::atomic<double> mbps{0};
+    };
+    std::unique_ptr<Stats> stats_ = std::make_unique<Stats>(); // replaced at start()
+    std::chrono::steady_clock::time_point start_time_;
+    uint64_t total_bytes_ = 0;
+
+    // Shared: set by the loop, read by the migration thread.
+    std::atomic<bool> cancel_requested_{false};
+    std::atomic<uint64_t> max_bandwidth_{0};
+    std::mutex fds_mu_;
+    std::vector<int> fds_; // protected by fds_mu_: shut down on cancel
+};
+
+} // namespace qmigd

@@ -1,0 +1,106 @@
+#include "daemon/ram_blocks.h"
+
+#include <sstream>
+
+namespace qmigd {
+
+bool parse_size(const std::string &text, uint64_t *out)
+{
+    char *end = nullptr;
+    unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+    if (end == text.c_str()) {
+        return false;
+    }
+    std::string suffix(end);
+    unsigned shift = suffix.empty() ? 0
+                     : suffix == "K" || suffix == "k" ? 10
+                     : suffix == "M" || suffix == "m" ? 20
+                     : suffix == "G" || suffix == "g" ? 30
+                     : suffix == "T" || suffix == "t" ? 40
+                                                      : 99;
+    if (shift == 99) {
+        return false;
+    }
+    *out = uint64_t(v) << shift;
+    return true;
+}
+
+Result<RamBlockSpec> ram_block_spec_parse(const std::string &text)
+{
+    RamBlockSpec spec;
+    std::stringstream ss(text);
+    std::string part;
+    bool first = true;
+    while (std::getline(ss, part, ',')) {
+        size_t eq = part.find('=');
+        if (eq == std::string::npos) {
+            return Error("--ram '" + text + "': expected NAME=FILE[,size=BYTES][,dirty=PATH]");
+        }
+        std::string key = part.substr(0, eq), val = part.substr(eq + 1);
+        if (first) {
+            spec.name = key;
+            spec.path = val;
+            first = false;
+        } else if (key == "size") {
+            if (!parse_size(val, &spec.size)) {
+                return Error("--ram '" + text + "': bad size '" + val + "'");
+            }
+        } else if (key == "dirty") {
+            spec.dirty_path = val;
+        } else {
+            return Error("--ram '" + text + "': unknown option '" + key + "'");
+        }
+    }
+    if (spec.name.empty() || spec.name.size() > 255 || spec.path.empty()) {
+        return Error("--ram '" + text + "': expected NAME=FILE (name of 1 to 255 bytes)");
+    }
+    if (spec.dirty_path.empty()) {
+        spec.dirty_path = spec.path + ".dirty";
+    }
+    return spec;
+}
+
+Result<RAMBlock> ram_block_open(const RamBlockSpec &spec, bool with_dirty_bitmap)
+{
+    RAMBlock b;
+    auto img = RamImage::open(spec.path, spec.size);
+    QMIGD_TRY(img);
+    b.image = std::move(*img);
+    b.desc = RamBlockDesc{spec.name, b.image->size()};
+    if (with_dirty_bitmap) {
+        auto bm = DirtyBitmap::open(spec.dirty_path, b.image->pages());
+        QMIGD_TRY(bm);
+        b.dirty = std::move(*bm);
+    }
+    return b;
+}
+
+Result<std::vector<RAMBlock>> ram_blocks_open(const std::vector<std::string> &specs,
+                                              bool with_dirty_bitmap)
+{
+    std::vector<RAMBlock> blocks;
+    for (const auto &text : specs) {
+        auto spec = ram_block_spec_parse(text);
+        QMIGD_TRY(spec);
+        for (const auto &b : blocks) {
+            if (b.desc.idstr == spec->name) {
+                return Error("--ram: duplicate RAM block name '" + spec->name + "'");
+            }
+        }
+        auto b = ram_block_open(*spec, with_dirty_bitmap);
+        QMIGD_TRY(b);
+        blocks.push_back(std::move(*b));
+    }
+    return blocks;
+}
+
+std::vector<RamBlockDesc> ram_block_descs(const std::vector<RAMBlock> &blocks)
+{
+    std::vector<RamBlockDesc> d;
+    for (const auto &b : blocks) {
+        d.push_back(b.desc);
+    }
+    return d;
+}
+
+} // namespace qmigd

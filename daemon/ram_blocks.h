@@ -1,0 +1,37 @@
+// The RAMBlocks a daemon serves, from --ram NAME=FILE[,size=BYTES][,dirty=PATH].
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "protocol/error.h"
+#include "protocol/qemu_format.h"
+#include "ramstate/dirty_bitmap.h"
+#include "ramstate/ram_image.h"
+
+namespace qmigd {
+
+struct RAMBlock {
+    RamBlockDesc desc; // idstr + used_length, fixed once opened
+    std::unique_ptr<RamImage> image;
+    std::unique_ptr<DirtyBitmap> dirty; // source and guest roles only
+};
+
+struct RamBlockSpec {
+    std::string name;
+    std::string path;
+    uint64_t size = 0;
+    std::string dirty_path; // default: path + ".dirty"
+};
+
+Result<RamBlockSpec> ram_block_spec_parse(const std::string &text);
+Result<RAMBlock> ram_block_open(const RamBlockSpec &spec, bool with_dirty_bitmap);
+// Opens every --ram; fails on the first bad one or on a duplicate name.
+Result<std::vector<RAMBlock>> ram_blocks_open(const std::vector<std::string> &specs,
+                                              bool with_dirty_bitmap);
+std::vector<RamBlockDesc> ram_block_descs(const std::vector<RAMBlock> &blocks);
+// Parses 123, 4K, 256M, 1G (binary units).
+bool parse_size(const std::string &text, uint64_t *out);
+
+} // namespace qmigd

@@ -1,0 +1,136 @@
+#include "daemon/socket_io.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+namespace qmigd {
+
+namespace {
+
+Error errno_error(const char *what) { return Error(std::string(what) + ": " + std::strerror(errno)); }
+
+// Advances an iovec array past n consumed bytes; returns the new start.
+struct iovec *iov_advance(struct iovec *iov, int *count, size_t n)
+{
+    while (*count > 0 && n >= iov->iov_len) {
+        n -= iov->iov_len;
+        iov++;
+        (*count)--;
+    }
+    if (*count > 0) {
+        iov->iov_base = static_cast<uint8_t *>(iov->iov_base) + n;
+        iov->iov_len -= n;
+    }
+    return iov;
+}
+
+} // namespace
+
+ssize_t FdInputStream::read_some(void *dst, size_t n, std::string *err)
+{
+    if (prefix_pos_ < prefix_.size()) {
+        size_t k = std::min(n, prefix_.size() - prefix_pos_);
+        std::memcpy(dst, prefix_.data() + prefix_pos_, k);
+        prefix_pos_ += k;
+        return ssize_t(k);
+    }
+    for (;;) {
+        ssize_t r = ::read(fd_, dst, n);
+        if (r >= 0) {
+            return r;
+        }
+        if (errno != EINTR) {
+            *err = std::string("read from migration channel: ") + std::strerror(errno);
+            return -1;
+        }
+    }
+}
+
+Result<int> read_full(int fd, void *buf, size_t n)
+{
+    size_t have = 0;
+    while (have < n) {
+        ssize_t r = ::read(fd, static_cast<uint8_t *>(buf) + have, n - have);
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r < 0) {
+            return errno_error("read from migration channel");
+        }
+        if (r == 0) {
+            if (have == 0) {
+                return 0;
+            }
+            return Error("unexpected end of stream in the middle of a record");
+        }
+        have += size_t(r);
+    }
+    return 1;
+}
+
+Status readv_full(int fd, struct iovec *iov, int count)
+{
+    while (count > 0) {
+        ssize_t r = ::readv(fd, iov, std::min(count, IOV_MAX));
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r < 0) {
+            return errno_error("read from migration channel");
+        }
+        if (r == 0) {
+            return Error("unexpected end of stream in the middle of a packet");
+        }
+        iov = iov_advance(iov, &count, size_t(r));
+    }
+    return {};
+}
+
+Status writev_full(int fd, struct iovec *iov, int count)
+{
+    while (count > 0) {
+        ssize_t r = ::writev(fd, iov, std::min(count, IOV_MAX));
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r < 0) {
+            return errno_error("write to migration channel");
+        }
+        iov = iov_advance(iov, &count, size_t(r));
+    }
+    return {};
+}
+
+Status write_full(int fd, const void *buf, size_t n)
+{
+    struct iovec iov = {const_cast<void *>(buf), n};
+    return writev_full(fd, &iov, 1);
+}
+
+void shutdown_fd(int fd)
+{
+    if (fd >= 0) {
+        ::shutdown(fd, SHUT_RDWR);
+    }
+}
+
+Result<int> take_blocking_fd(int uv_fd)
+{
+    int fd = fcntl(uv_fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) {
+        return errno_error("dup of migration socket");
+    }
+    int flags = fcntl(fd, F_GETFL);
+    fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return fd;
+}
+
+} // namespace qmigd

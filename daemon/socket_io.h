@@ -1,0 +1,46 @@
+// Blocking socket I/O for the migration threads (the data path).
+//
+// libuv sets channels up (listen, accept, classify, connect); each data
+// channel then belongs to one thread doing blocking readv/writev on its own
+// dup of the fd, the way QEMU's multifd threads own their QIOChannels. That
+// keeps the hot path free of loop hand-offs and lets pages be read straight
+// into the mapped image.
+#pragma once
+
+#include <string>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <vector>
+
+#include "protocol/error.h"
+#include "protocol/qemu_file.h"
+
+namespace qmigd {
+
+// Reads from a blocking fd; `prefix` holds bytes already taken off the
+// socket during classification, delivered first.
+class FdInputStream : public InputStream {
+public:
+    FdInputStream(int fd, std::vector<uint8_t> prefix) : fd_(fd), prefix_(std::move(prefix)) {}
+    ssize_t read_some(void *dst, size_t n, std::string *err) override;
+
+private:
+    int fd_;
+    std::vector<uint8_t> prefix_;
+    size_t prefix_pos_ = 0;
+};
+
+// Reads exactly n bytes. Returns 1, 0 on EOF before the first byte, or
+// an error (EOF in the middle is an error).
+Result<int> read_full(int fd, void *buf, size_t n);
+// Writes the whole iovec array (modifies it). EINTR and partial writes handled.
+Status writev_full(int fd, struct iovec *iov, int count);
+Status write_full(int fd, const void *buf, size_t n);
+// Reads into the listed buffers until all are full (readv + partial reads).
+Status readv_full(int fd, struct iovec *iov, int count);
+// Wakes a thread blocked on fd (shutdown both directions); idempotent.
+void shutdown_fd(int fd);
+// Makes a dup of a libuv-owned socket that blocks, with TCP_NODELAY.
+Result<int> take_blocking_fd(int uv_fd);
+
+} // namespace qmigd

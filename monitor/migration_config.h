@@ -1,0 +1,55 @@
+// Migration capabilities and parameters as QMP and HMP see them, with
+// QEMU 10's defaults, types, ranges and error texts.
+//
+// Thread ownership: lives on the loop thread; the daemon copies what a
+// migration needs when it starts (QEMU's channel-count crash on cancel is
+// what happens when a running migration reads live parameters).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "monitor/qmp_server.h"
+
+namespace qmigd {
+
+enum class ZeroPageDetection { None, Legacy, Multifd };
+
+class MigrationConfig {
+public:
+    MigrationConfig();
+
+    // query-migrate-parameters
+    const json &parameters() const { return params_; }
+    // query-migrate-capabilities
+    json capabilities() const;
+    // migrate-set-parameters: all or nothing.
+    std::optional<QmpError> set_parameters(const json &args);
+    // migrate-set-capabilities
+    std::optional<QmpError> set_capabilities(const json &args);
+
+    bool capability(const std::string &name) const;
+    // Capability names in QEMU's order.
+    static const std::vector<std::string> &capability_names();
+
+    unsigned multifd_channels() const { return params_["multifd-channels"]; }
+    ZeroPageDetection zero_page_detection() const;
+    uint64_t max_bandwidth() const { return params_["max-bandwidth"]; }
+    uint64_t downtime_limit_ms() const { return params_["downtime-limit"]; }
+    unsigned cpu_throttle_initial() const { return params_["cpu-throttle-initial"]; }
+    unsigned cpu_throttle_increment() const { return params_["cpu-throttle-increment"]; }
+    unsigned max_cpu_throttle() const { return params_["max-cpu-throttle"]; }
+
+private:
+    std::optional<QmpError> check_parameter(const std::string &key, const json &value,
+                                            json *normalized) const;
+
+    json params_;
+    std::vector<bool> caps_;
+};
+
+} // namespace qmigd

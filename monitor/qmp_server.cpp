@@ -1,0 +1,255 @@
+#include "monitor/qmp_server.h"
+
+#include <algorithm>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include "monitor/json_splitter.h"
+
+namespace qmigd {
+
+namespace {
+
+// A request that never ends is a broken client, not a big command.
+constexpr size_t kMaxPendingInput = 1 << 20;
+
+struct WriteReq {
+    uv_write_t req;
+    std::string data;
+};
+
+json qmp_greeting()
+{
+    return {{"QMP",
+             {{"version",
+               {{"qemu", {{"micro", 2}, {"minor", 0}, {"major", 10}}},
+                {"package", "qmigd " QMIGD_VERSION}}},
+              {"capabilities", json::array({"oob"})}}}};
+}
+
+json error_reply(const QmpError &e)
+{
+    return {{"error", {{"class", e.cls}, {"desc", e.desc}}}};
+}
+
+} // namespace
+
+struct QmpServer::Client {
+    uv_pipe_t pipe;
+    QmpServer *server = nullptr;
+    JsonSplitter splitter;
+    bool negotiated = false;
+    bool closing = false;
+};
+
+std::optional<QmpError> qmp_check_members(const json &args,
+                                          std::initializer_list<const char *> allowed)
+{
+    for (auto it = args.begin(); it != args.end(); ++it) {
+        if (std::none_of(allowed.begin(), allowed.end(),
+                         [&](const char *a) { return it.key() == a; })) {
+            return QmpError{"GenericError", "Parameter '" + it.key() + "' is unexpected"};
+        }
+    }
+    return std::nullopt;
+}
+
+QmpServer::QmpServer(uv_loop_t *loop) : loop_(loop) {}
+
+QmpServer::~QmpServer() = default;
+
+void QmpServer::register_command(const std::string &name, QmpHandler handler)
+{
+    commands_[name] = std::move(handler);
+}
+
+std::vector<std::string> QmpServer::command_names() const
+{
+    std::vector<std::string> names;
+    for (const auto &kv : commands_) {
+        names.push_back(kv.first);
+    }
+    return names;
+}
+
+Status QmpServer::listen(const std::string &path)
+{
+    path_ = path;
+    ::unlink(path.c_str());
+    listener_ = new uv_pipe_t;
+    uv_pipe_init(loop_, listener_, 0);
+    listener_->data = this;
+    int rc = uv_pipe_bind(listener_, path.c_str());
+    if (rc == 0) {
+        rc = uv_listen(reinterpret_cast<uv_stream_t *>(listener_), 16, on_connection);
+    }
+    if (rc != 0) {
+        return Error("cannot listen on QMP socket '" + path + "': " + uv_strerror(rc));
+    }
+    return {};
+}
+
+void QmpServer::on_connection(uv_stream_t *listener, int status)
+{
+    auto *self = static_cast<QmpServer *>(listener->data);
+    if (status < 0) {
+        spdlog::warn("qmp: accept failed: {}", uv_strerror(status));
+        return;
+    }
+    auto *c = new Client;
+    c->server = self;
+    uv_pipe_init(self->loop_, &c->pipe, 0);
+    c->pipe.data = c;
+    if (uv_accept(listener, reinterpret_cast<uv_stream_t *>(&c->pipe)) != 0) {
+        uv_close(reinterpret_cast<uv_handle_t *>(&c->pipe),
+                 [](uv_handle_t *h) { delete static_cast<Client *>(h->data); });
+        return;
+    }
+    self->clients_.push_back(c);
+    self->send(c, qmp_greeting());
+    uv_read_start(
+        reinterpret_cast<uv_stream_t *>(&c->pipe),
+        [](uv_handle_t *, size_t suggested, uv_buf_t *buf) {
+            buf->base = new char[suggested];
+            buf->len = suggested;
+        },
+        [](uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+            auto *cl = static_cast<Client *>(s->data);
+            std::unique_ptr<char[]> owned(buf->base);
+            if (nread < 0) {
+                cl->server->drop(cl);
+                return;
+            }
+            for (auto &text : cl->splitter.feed(buf->base, size_t(nread))) {
+                if (cl->closing) {
+                    break;
+                }
+                cl->server->handle_line(cl, text);
+            }
+            if (cl->splitter.pending() > kMaxPendingInput) {
+                spdlog::warn("qmp: client sent over {} bytes without completing a command; "
+                             "closing it",
+                             kMaxPendingInput);
+                cl->server->drop(cl);
+            }
+        });
+}
+
+QmpResult QmpServer::dispatch(const std::string &name, const json &args)
+{
+    auto it = commands_.find(name);
+    if (it == commands_.end()) {
+        return qmp_error("The command " + name + " has not been found", "CommandNotFound");
+    }
+    return it->second(args);
+}
+
+void QmpServer::handle_line(Client *c, const std::string &text)
+{
+    json req = json::parse(text, nullptr, false);
+    json reply;
+    if (req.is_discarded()) {
+        reply = error_reply({"GenericError", "JSON parse error, invalid JSON input"});
+    } else if (!req.is_object()) {
+        reply = error_reply({"GenericError", "QMP input must be a JSON object"});
+    } else {
+        bool has_id = req.contains("id");
+        const char *cmd_key = req.contains("exec-oob") ? "exec-oob" : "execute";
+        if (!req.contains(cmd_key)) {
+            reply = error_reply({"GenericError", "QMP input lacks member 'execute'"});
+        } else if (!req[cmd_key].is_string()) {
+            reply = error_reply({"GenericError", "QMP input member 'execute' must be a string"});
+        } else if (req.contains("arguments") && !req["arguments"].is_object()) {
+            reply = error_reply(
+                {"GenericError", "QMP input member 'arguments' must be an object"});
+        } else {
+            std::string name = req[cmd_key];
+            json args = req.value("arguments", json::object());
+            QmpResult r;
+            if (std::string(cmd_key) == "exec-oob") {
+                r = qmp_error("The command " + name + " does not support OOB");
+            } else if (name == "qmp_capabilities") {
+                r = c->negotiated
+                        ? qmp_error("Capabilities negotiation is already complete, command "
+                                    "ignored",
+                                    "CommandNotFound")
+                        : QmpResult(json::object());
+                c->negotiated = true;
+            } else if (!c->negotiated) {
+                r = qmp_error("Expecting capabilities negotiation with 'qmp_capabilities'",
+                              "CommandNotFound");
+            } else {
+                r = dispatch(name, args);
+            }
+            if (auto *e = std::get_if<QmpError>(&r)) {
+                reply = error_reply(*e);
+            } else {
+                reply = {{"return", std::get<json>(r)}};
+            }
+        }
+        if (has_id) {
+            reply["id"] = req["id"];
+        }
+    }
+    send(c, reply);
+}
+
+void QmpServer::send(Client *c, const json &msg)
+{
+    if (c->closing) {
+        return;
+    }
+    auto *w = new WriteReq;
+    w->data = msg.dump() + "\r\n";
+    uv_buf_t buf = uv_buf_init(w->data.data(), unsigned(w->data.size()));
+    int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t *>(&c->pipe), &buf, 1,
+                      [](uv_write_t *req, int) { delete reinterpret_cast<WriteReq *>(req); });
+    if (rc != 0) {
+        delete w;
+        drop(c);
+    }
+}
+
+void QmpServer::emit_event(const std::string &name, const json &data)
+{
+    struct timeval tv;
+    gettimeofday(&tv, nullptr);
+    json ev = {{"timestamp", {{"seconds", tv.tv_sec}, {"microseconds", tv.tv_usec}}},
+               {"event", name}};
+    if (!data.is_null()) {
+        ev["data"] = data;
+    }
+    for (auto *c : clients_) {
+        if (c->negotiated) {
+            send(c, ev);
+        }
+    }
+}
+
+void QmpServer::drop(Client *c)
+{
+    if (c->closing) {
+        return;
+    }
+    c->closing = true;
+    clients_.erase(std::remove(clients_.begin(), clients_.end(), c), clients_.end());
+    uv_close(reinterpret_cast<uv_handle_t *>(&c->pipe),
+             [](uv_handle_t *h) { delete static_cast<Client *>(h->data); });
+}
+
+void QmpServer::close()
+{
+    while (!clients_.empty()) {
+        drop(clients_.back());
+    }
+    if (listener_) {
+        uv_close(reinterpret_cast<uv_handle_t *>(listener_),
+                 [](uv_handle_t *h) { delete reinterpret_cast<uv_pipe_t *>(h); });
+        listener_ = nullptr;
+        ::unlink(path_.c_str());
+    }
+}
+
+} // namespace qmigd

@@ -1,0 +1,73 @@
+// A QMP server on a unix socket, speaking QEMU 10's protocol: greeting,
+// capabilities negotiation, {"execute","arguments","id"} requests with
+// {"return"} / {"error": {"class","desc"}} replies, and events.
+//
+// Thread ownership: everything here runs on the libuv loop thread that
+// owns the server. Other threads reach it only through the daemon's
+// uv_async hand-offs.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <uv.h>
+
+#include "protocol/error.h"
+
+namespace qmigd {
+
+using json = nlohmann::json;
+
+struct QmpError {
+    std::string cls = "GenericError";
+    std::string desc;
+};
+
+using QmpResult = std::variant<json, QmpError>;
+using QmpHandler = std::function<QmpResult(const json &args)>;
+
+inline QmpResult qmp_error(std::string desc, std::string cls = "GenericError")
+{
+    return QmpError{std::move(cls), std::move(desc)};
+}
+
+// Rejects members of args that are not in `allowed` (QEMU's
+// "Parameter 'foo' is unexpected"). Returns nullptr when fine.
+std::optional<QmpError> qmp_check_members(const json &args,
+                                          std::initializer_list<const char *> allowed);
+
+class QmpServer {
+public:
+    explicit QmpServer(uv_loop_t *loop);
+    ~QmpServer();
+
+    void register_command(const std::string &name, QmpHandler handler);
+    // Runs a command as a QMP client would (used by HMP).
+    QmpResult dispatch(const std::string &name, const json &args);
+    Status listen(const std::string &path);
+    // Sends an event to every client past negotiation.
+    void emit_event(const std::string &name, const json &data = nullptr);
+    // Closes the listener and all clients (deferred close, uv style).
+    void close();
+    std::vector<std::string> command_names() const;
+
+private:
+    struct Client;
+    static void on_connection(uv_stream_t *server, int status);
+    void handle_line(Client *c, const std::string &text);
+    void send(Client *c, const json &msg);
+    void drop(Client *c);
+
+    uv_loop_t *loop_;
+    uv_pipe_t *listener_ = nullptr;
+    std::string path_;
+    std::map<std::string, QmpHandler> commands_;
+    std::vector<Client *> clients_;
+};
+
+} // namespace qmigd

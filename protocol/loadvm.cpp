@@ -1,0 +1,438 @@
+#include "protocol/loadvm.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <map>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "protocol/wire.h"
+
+namespace qmigd {
+
+namespace {
+
+enum class SectionKind { Ram, Timer, GlobalState };
+
+struct SectionInfo {
+    SectionKind kind;
+    std::string idstr;
+};
+
+// Run states a globalstate section may carry (QAPI RunState).
+constexpr std::array<std::string_view, 16> kRunStates = {
+    "debug",         "inmigrate",  "internal-error", "io-error",      "paused",
+    "postmigrate",   "prelaunch",  "finish-migrate", "restore-vm",    "running",
+    "save-vm",       "shutdown",   "suspended",      "watchdog",      "guest-panicked",
+    "colo",
+};
+
+// A stream can have a handful of sections; more is a broken peer.
+constexpr size_t kMaxSections = 64;
+constexpr uint32_t kMaxVmDescription = 16 << 20;
+
+class Loader {
+public:
+    Loader(QEMUFileReader &f, const LoadvmConfig &cfg, LoadvmHandler &h)
+        : f_(f), cfg_(cfg), h_(h)
+    {
+    }
+
+    Result<LoadvmResult> run();
+
+private:
+    Status load_header();
+    Status load_configuration();
+    Status load_config_subsection();
+    Status load_section_start(uint8_t type);
+    Status load_section_part(uint8_t type);
+    Status load_command();
+    Status load_body(const SectionInfo &s, uint8_t type);
+    Status check_footer(uint32_t id, const SectionInfo &s);
+    Status ram_load(uint8_t type);
+    Status ram_load_mem_size(uint64_t total);
+    Result<size_t> ram_block_from_stream(uint64_t flags);
+    Status globalstate_load();
+    Status skip_vmdesc();
+    Status fail(std::string msg) { return Error(std::move(msg)); }
+    Status stream_status() { return f_.status(); }
+
+    QEMUFileReader &f_;
+    const LoadvmConfig &cfg_;
+    LoadvmHandler &h_;
+    std::map<uint32_t, SectionInfo> sections_;
+    // CONTINUE refers to the block of the previous ZERO/PAGE record, across
+    // sections (ram.c keeps it in a static for the same reason).
+    std::optional<size_t> last_block_;
+    LoadvmResult result_;
+};
+
+Status Loader::load_header()
+{
+    uint32_t magic = f_.get_be32();
+    uint32_t version = f_.get_be32();
+    QMIGD_TRY(stream_status());
+    if (magic != QEMU_VM_FILE_MAGIC) {
+        return fail(fmt::format("Not a migration stream (magic 0x{:08x})", magic));
+    }
+    if (version == QEMU_VM_FILE_VERSION_COMPAT) {
+        return fail("SaveVM v2 format is obsolete and don't work anymore");
+    }
+    if (version != QEMU_VM_FILE_VERSION) {
+        return fail(fmt::format("Unsupported migration stream version {}", version));
+    }
+    return {};
+}
+
+Status Loader::load_configuration()
+{
+    if (f_.get_byte() != QEMU_VM_CONFIGURATION) {
+        QMIGD_TRY(stream_status());
+        return fail("Configuration section missing");
+    }
+    uint32_t len = f_.get_be32();
+    QMIGD_TRY(stream_status());
+    if (len > 256) {
+        return fail(fmt::format("Machine type name too long ({} bytes)", len));
+    }
+    std::string name(len, '\0');
+    f_.get_buffer(name.data(), len);
+    QMIGD_TRY(stream_status());
+    // QEMU compares only the received prefix; we compare exactly.
+    if (name != cfg_.machine_type) {
+        return fail(fmt::format("Machine type received is '{}' and local is '{}'", name,
+                                cfg_.machine_type));
+    }
+    // Subsections follow with no terminator; at top level the next section
+    // type can never be QEMU_VM_SUBSECTION, so the byte alone decides.
+    while (f_.peek_byte() == QEMU_VM_SUBSECTION) {
+        QMIGD_TRY(load_config_subsection());
+    }
+    return stream_status();
+}
+
+Status Loader::load_config_subsection()
+{
+    f_.get_byte();
+    std::string name = f_.get_cstr8();
+    uint32_t version = f_.get_be32();
+    QMIGD_TRY(stream_status());
+    if (version != 1) {
+        return fail(fmt::format("Unsupported version {} of {}", version, name));
+    }
+    if (name == "configuration/target-page-bits") {
+        uint32_t bits = f_.get_be32();
+        QMIGD_TRY(stream_status());
+        if (bits != TARGET_PAGE_BITS) {
+            return fail(fmt::format("Received TARGET_PAGE_BITS is {} but local is {}", bits,
+                                    TARGET_PAGE_BITS));
+        }
+        return {};
+    }
+    if (name == "configuration/capabilities") {
+        uint32_t count = f_.get_be32();
+        QMIGD_TRY(stream_status());
+        std::string cap = count ? f_.get_cstr8() : std::string();
+        QMIGD_TRY(stream_status());
+        if (count) {
+            return fail(fmt::format("Capability '{}' is not supported by qmigd", cap));
+        }
+        return {};
+    }
+    if (name == "configuration/uuid") {
+        Uuid uuid;
+        f_.get_buffer(uuid.data(), uuid.size());
+        QMIGD_TRY(stream_status());
+        if (cfg_.uuid != Uuid{} && uuid != cfg_.uuid) {
+            return fail(fmt::format("UUID received is '{}' and local is '{}'",
+                                    uuid_to_string(uuid), uuid_to_string(cfg_.uuid)));
+        }
+        return {};
+    }
+    return fail(fmt::format("Unknown configuration subsection '{}'", name));
+}
+
+Status Loader::load_section_start(uint8_t type)
+{
+    uint32_t id = f_.get_be32();
+    std::string idstr = f_.get_cstr8();
+    uint32_t instance = f_.get_be32();
+    uint32_t version = f_.get_be32();
+    QMIGD_TRY(stream_status());
+
+    SectionKind kind;
+    uint32_t max_version;
+    if (idstr == "ram" && instance == 0) {
+        kind = SectionKind::Ram;
+        max_version = RAM_SECTION_VERSION;
+    } else if (idstr == "timer" && instance == 0) {
+        kind = SectionKind::Timer;
+        max_version = TIMER_SECTION_VERSION;
+    } else if (idstr == "globalstate" && instance == 0) {
+        kind = SectionKind::GlobalState;
+        max_version = GLOBALSTATE_SECTION_VERSION;
+    } else {
+        return fail(fmt::format("Unknown savevm section or instance '{}' {}. Make sure that "
+                                "your current VM setup matches your saved VM setup, "
+                                "including any hotplugged devices",
+                                idstr, instance));
+    }
+    if (version != max_version) {
+        return fail(fmt::format("savevm: unsupported version {} for '{}' v{}", version, idstr,
+                                max_version));
+    }
+    if (kind == SectionKind::Ram && type != QEMU_VM_SECTION_START) {
+        return fail("ram must be sent as START/PART/END sections");
+    }
+    if (kind != SectionKind::Ram && type != QEMU_VM_SECTION_FULL) {
+        return fail(fmt::format("{} must be sent as a FULL section", idstr));
+    }
+    if (sections_.count(id) == 0 && sections_.size() >= kMaxSections) {
+        return fail("too many sections");
+    }
+    sections_[id] = SectionInfo{kind, idstr};
+    QMIGD_TRY(load_body(sections_[id], type));
+    return check_footer(id, sections_[id]);
+}
+
+Status Loader::load_section_part(uint8_t type)
+{
+    uint32_t id = f_.get_be32();
+    QMIGD_TRY(stream_status());
+    auto it = sections_.find(id);
+    if (it == sections_.end()) {
+        return fail(fmt::format("Unknown savevm section {}", id));
+    }
+    if (it->second.kind != SectionKind::Ram) {
+        return fail(fmt::format("Unexpected PART/END for section '{}'", it->second.idstr));
+    }
+    QMIGD_TRY(load_body(it->second, type));
+    return check_footer(id, it->second);
+}
+
+Status Loader::load_body(const SectionInfo &s, uint8_t type)
+{
+    switch (s.kind) {
+    case SectionKind::Ram:
+        return ram_load(type);
+    case SectionKind::Timer:
+        f_.skip(TIMER_BODY_SIZE);
+        return stream_status();
+    case SectionKind::GlobalState:
+        return globalstate_load();
+    }
+    return fail("unreachable section kind");
+}
+
+Status Loader::check_footer(uint32_t id, const SectionInfo &s)
+{
+    uint8_t b = f_.get_byte();
+    QMIGD_TRY(stream_status());
+    if (b != QEMU_VM_SECTION_FOOTER) {
+        return fail(fmt::format("Missing section footer for {}", s.idstr));
+    }
+    uint32_t got = f_.get_be32();
+    QMIGD_TRY(stream_status());
+    if (got != id) {
+        return fail(fmt::format("Mismatched section id in footer for {} - read 0x{:x} "
+                                "expected 0x{:x}",
+                                s.idstr, got, id));
+    }
+    return {};
+}
+
+Status Loader::load_command()
+{
+    uint16_t cmd = f_.get_be16();
+    uint16_t len = f_.get_be16();
+    QMIGD_TRY(stream_status());
+    if (cmd == MIG_CMD_INVALID || cmd >= MIG_CMD_MAX) {
+        return fail(fmt::format("MIG_CMD 0x{:x} unknown (len 0x{:x})", cmd, len));
+    }
+    if (cmd != MIG_CMD_SWITCHOVER_START) {
+        // Return path, postcopy and COLO need a channel back to the source.
+        return fail(fmt::format("MIG_CMD 0x{:x} is not supported by qmigd (return-path, "
+                                "postcopy and COLO are not implemented)",
+                                cmd));
+    }
+    if (len != 0) {
+        return fail(fmt::format("SWITCHOVER_START received with bad length - expecting 0, "
+                                "got {}",
+                                len));
+    }
+    return {};
+}
+
+Status Loader::globalstate_load()
+{
+    uint8_t body[GLOBALSTATE_BODY_SIZE];
+    f_.get_buffer(body, sizeof(body));
+    QMIGD_TRY(stream_status());
+    uint32_t size = get_be32(body);
+    const char *name = reinterpret_cast<const char *>(body + 4);
+    size_t len = strnlen(name, GLOBALSTATE_RUNSTATE_SIZE);
+    if (size > GLOBALSTATE_RUNSTATE_SIZE || len == GLOBALSTATE_RUNSTATE_SIZE) {
+        return fail("globalstate: runstate is not a terminated string");
+    }
+    std::string runstate(name, len);
+    if (std::find(kRunStates.begin(), kRunStates.end(), runstate) == kRunStates.end()) {
+        return fail(fmt::format("globalstate: unknown runstate '{}'", runstate));
+    }
+    result_.runstate = runstate;
+    return {};
+}
+
+Result<size_t> Loader::ram_block_from_stream(uint64_t flags)
+{
+    if (flags & RAM_SAVE_FLAG_CONTINUE) {
+        if (!last_block_) {
+            return Error("Ack, bad migration stream!");
+        }
+        return *last_block_;
+    }
+    std::string idstr = f_.get_cstr8();
+    if (f_.failed()) {
+        return f_.error();
+    }
+    for (size_t i = 0; i < cfg_.blocks.size(); i++) {
+        if (cfg_.blocks[i].idstr == idstr) {
+            last_block_ = i;
+            return i;
+        }
+    }
+    return Error(fmt::format("Can't find block {}", idstr));
+}
+
+Status Loader::ram_load_mem_size(uint64_t total)
+{
+    while (total > 0) {
+        std::string idstr = f_.get_cstr8();
+        uint64_t length = f_.get_be64();
+        QMIGD_TRY(stream_status());
+        auto it = std::find_if(cfg_.blocks.begin(), cfg_.blocks.end(),
+                               [&](const RamBlockDesc &b) { return b.idstr == idstr; });
+        if (it == cfg_.blocks.end()) {
+            return fail(fmt::format("Unknown ramblock \"{}\", cannot accept migration", idstr));
+        }
+        if (length != it->used_length) {
+            return fail(fmt::format("Size mismatch: {}: 0x{:x} != 0x{:x}: Invalid argument",
+                                    idstr, length, it->used_length));
+        }
+        if (length > total) {
+            return fail(fmt::format("RAM block list exceeds the announced total by 0x{:x}",
+                                    length - total));
+        }
+        total -= length;
+    }
+    return {};
+}
+
+Status Loader::ram_load(uint8_t type)
+{
+    for (;;) {
+        uint64_t word = f_.get_be64();
+        QMIGD_TRY(stream_status());
+        uint64_t flags = word & ~TARGET_PAGE_MASK;
+        uint64_t addr = word & TARGET_PAGE_MASK;
+
+        switch (flags & ~RAM_SAVE_FLAG_CONTINUE) {
+        case RAM_SAVE_FLAG_MEM_SIZE:
+            if (type != QEMU_VM_SECTION_START) {
+                return fail("RAM layout record outside the ram START section");
+            }
+            QMIGD_TRY(ram_load_mem_size(addr));
+            break;
+        case RAM_SAVE_FLAG_ZERO:
+        case RAM_SAVE_FLAG_PAGE: {
+            auto block = ram_block_from_stream(flags);
+            QMIGD_TRY(block);
+            if (addr >= cfg_.blocks[*block].used_length) {
+                return fail(fmt::format("Illegal RAM offset {:x}", addr));
+            }
+            if ((flags & ~RAM_SAVE_FLAG_CONTINUE) == RAM_SAVE_FLAG_ZERO) {
+                uint8_t ch = f_.get_byte();
+                QMIGD_TRY(stream_status());
+                if (ch != 0) {
+                    return fail(fmt::format("Found a zero page with value {}", ch));
+                }
+                h_.zero_page(*block, addr);
+                result_.zero_pages++;
+            } else {
+                f_.get_buffer(h_.page_host(*block, addr), TARGET_PAGE_SIZE);
+                QMIGD_TRY(stream_status());
+                result_.normal_pages++;
+            }
+            break;
+        }
+        case RAM_SAVE_FLAG_MULTIFD_FLUSH:
+            if (!cfg_.multifd) {
+                return fail("MULTIFD_FLUSH received but multifd is not enabled");
+            }
+            QMIGD_TRY(h_.multifd_flush());
+            result_.flushes++;
+            break;
+        case RAM_SAVE_FLAG_EOS:
+            return {};
+        default:
+            return fail(fmt::format("Unknown combination of migration flags: 0x{:x}", flags));
+        }
+    }
+}
+
+Status Loader::skip_vmdesc()
+{
+    // Optional: QEMU always sends it, reads and discards it.
+    if (f_.peek_byte() != QEMU_VM_VMDESCRIPTION) {
+        return {};
+    }
+    f_.get_byte();
+    uint32_t len = f_.get_be32();
+    QMIGD_TRY(stream_status());
+    if (len > kMaxVmDescription) {
+        return fail(fmt::format("VM description too long ({} bytes)", len));
+    }
+    f_.skip(len);
+    return stream_status();
+}
+
+Result<LoadvmResult> Loader::run()
+{
+    QMIGD_TRY(load_header());
+    QMIGD_TRY(load_configuration());
+    h_.loading_started();
+    for (;;) {
+        uint8_t type = f_.get_byte();
+        QMIGD_TRY(stream_status());
+        switch (type) {
+        case QEMU_VM_SECTION_START:
+        case QEMU_VM_SECTION_FULL:
+            QMIGD_TRY(load_section_start(type));
+            break;
+        case QEMU_VM_SECTION_PART:
+        case QEMU_VM_SECTION_END:
+            QMIGD_TRY(load_section_part(type));
+            break;
+        case QEMU_VM_COMMAND:
+            QMIGD_TRY(load_command());
+            break;
+        case QEMU_VM_EOF:
+            QMIGD_TRY(skip_vmdesc());
+            return result_;
+        default:
+            return Error(fmt::format("Unknown savevm section type {}", type));
+        }
+    }
+}
+
+} // namespace
+
+Result<LoadvmResult> qemu_loadvm_state(QEMUFileReader &f, const LoadvmConfig &cfg,
+                                       LoadvmHandler &handler)
+{
+    Loader loader(f, cfg, handler);
+    return loader.run();
+}
+
+} // namespace qmigd

@@ -1,0 +1,54 @@
+// Decoder of QEMU 10's main migration channel: the destination's
+// qemu_loadvm_state() + ram_load_precopy().
+//
+// It validates every field against the destination's configuration before
+// acting on it; pages are handed to a LoadvmHandler only with an offset
+// that lies inside the named RAMBlock.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "protocol/error.h"
+#include "protocol/qemu_file.h"
+#include "protocol/qemu_format.h"
+
+namespace qmigd {
+
+struct LoadvmConfig {
+    std::string machine_type = "none";
+    std::vector<RamBlockDesc> blocks;
+    bool multifd = false;
+    // Our own UUID; checked against configuration/uuid when both are set.
+    Uuid uuid{};
+};
+
+// What the loader asks of the owner of guest RAM. Called on the loader's
+// thread only.
+class LoadvmHandler {
+public:
+    virtual ~LoadvmHandler() = default;
+    // Host address of a page the loader is about to fill with 4096 bytes.
+    virtual uint8_t *page_host(size_t block, uint64_t offset) = 0;
+    // The page must read as zeros afterwards.
+    virtual void zero_page(size_t block, uint64_t offset) = 0;
+    // MULTIFD_FLUSH: wait until every multifd channel has delivered all
+    // pages sent before this point (one more SYNC each).
+    virtual Status multifd_flush() = 0;
+    // Progress notice: the main channel is about to read (for status).
+    virtual void loading_started() {}
+};
+
+struct LoadvmResult {
+    std::string runstate = "running"; // from globalstate, if sent
+    uint64_t normal_pages = 0;        // PAGE records
+    uint64_t zero_pages = 0;          // ZERO records
+    uint64_t flushes = 0;             // MULTIFD_FLUSH records
+};
+
+// Reads header .. EOF (and the VM description, when present).
+Result<LoadvmResult> qemu_loadvm_state(QEMUFileReader &f, const LoadvmConfig &cfg,
+                                       LoadvmHandler &handler);
+
+} // namespace qmigd

@@ -1,0 +1,79 @@
+// Buffered reading of a migration stream, after QEMU's QEMUFile.
+//
+// Errors are sticky, as in QEMUFile: after the first failure every get_*
+// returns 0 and error() says what went wrong, so a decoder can read a whole
+// record and check once. A decoder must check before it acts on a value.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <sys/types.h>
+
+#include "protocol/error.h"
+
+namespace qmigd {
+
+// Where the bytes come from: a socket in the daemon, memory in tests.
+class InputStream {
+public:
+    virtual ~InputStream() = default;
+    // Reads up to n bytes into dst. Returns the count (>0), 0 at end of
+    // stream, or -1 with *err set.
+    virtual ssize_t read_some(void *dst, size_t n, std::string *err) = 0;
+};
+
+class QEMUFileReader {
+public:
+    explicit QEMUFileReader(InputStream &in, size_t buffer_size = 64 * 1024);
+
+    uint8_t get_byte();
+    uint16_t get_be16();
+    uint32_t get_be32();
+    uint64_t get_be64();
+    // Reads exactly n bytes into dst; bytes beyond the buffer go straight
+    // from the stream into dst (pages land in guest RAM without a copy).
+    void get_buffer(void *dst, size_t n);
+    // u8 length + bytes.
+    std::string get_cstr8();
+    void skip(size_t n);
+    // Next byte without consuming it; -1 at a clean end of stream or error.
+    int peek_byte();
+
+    bool failed() const { return err_.has_value(); }
+    const Error &error() const { return *err_; }
+    Status status() const { return err_ ? Status(*err_) : Status(); }
+    void set_error(std::string msg);
+    // Bytes consumed so far.
+    uint64_t pos() const { return pos_; }
+
+private:
+    bool fill(size_t need);
+
+    InputStream &in_;
+    std::unique_ptr<uint8_t[]> buf_;
+    size_t cap_;
+    size_t head_ = 0;
+    size_t tail_ = 0;
+    uint64_t pos_ = 0;
+    bool eof_ = false;
+    std::optional<Error> err_;
+};
+
+// An InputStream over a byte array (tests, captured streams).
+class MemoryInputStream : public InputStream {
+public:
+    MemoryInputStream(const void *data, size_t len)
+        : p_(static_cast<const uint8_t *>(data)), left_(len)
+    {
+    }
+    ssize_t read_some(void *dst, size_t n, std::string *err) override;
+
+private:
+    const uint8_t *p_;
+    size_t left_;
+};
+
+} // namespace qmigd

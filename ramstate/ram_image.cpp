@@ -1,0 +1,160 @@
+#include "ramstate/ram_image.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include "ramstate/zero_page.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+namespace qmigd {
+
+namespace {
+
+// Pre-fault granularity on the receive side: big enough that one madvise
+// amortises, small enough not to populate much beyond the pages received.
+constexpr unsigned kPopulateChunkBits = 20; // 1 MiB
+
+Error sys_error(const std::string &what, const std::string &path)
+{
+    return Error(fmt::format("{} '{}': {}", what, path, std::strerror(errno)));
+}
+
+std::atomic_ref<uint64_t> word_ref(std::vector<uint64_t> &bits, uint64_t i)
+{
+    return std::atomic_ref<uint64_t>(bits[i / 64]);
+}
+
+} // namespace
+
+Result<std::unique_ptr<RamImage>> RamImage::open(const std::string &path, uint64_t size)
+{
+    if (size % TARGET_PAGE_SIZE) {
+        return Error(fmt::format("RAM image '{}': size {} is not a multiple of {}", path, size,
+                                 TARGET_PAGE_SIZE));
+    }
+    std::unique_ptr<RamImage> img(new RamImage());
+    img->path_ = path;
+    img->fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (img->fd_ < 0) {
+        return sys_error("cannot open RAM image", path);
+    }
+    struct stat st;
+    if (fstat(img->fd_, &st) < 0) {
+        return sys_error("cannot stat RAM image", path);
+    }
+    uint64_t file_size = uint64_t(st.st_size);
+    if (size == 0) {
+        if (file_size == 0 || file_size % TARGET_PAGE_SIZE) {
+            return Error(fmt::format("RAM image '{}': size {} is not a positive multiple of "
+                                     "{}; give size=BYTES",
+                                     path, file_size, TARGET_PAGE_SIZE));
+        }
+        size = file_size;
+    } else if (file_size > size) {
+        return Error(fmt::format("RAM image '{}' is larger ({} bytes) than size={}", path,
+                                 file_size, size));
+    } else if (file_size < size && ftruncate(img->fd_, off_t(size)) < 0) {
+        return sys_error("cannot size RAM image", path);
+    }
+    img->size_ = size;
+    void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, img->fd_, 0);
+    if (p == MAP_FAILED) {
+        return sys_error("cannot map RAM image", path);
+    }
+    img->base_ = static_cast<uint8_t *>(p);
+    img->populated_.assign(((size >> kPopulateChunkBits) + 64) / 64, 0);
+    return img;
+}
+
+RamImage::~RamImage()
+{
+    if (base_) {
+        munmap(base_, size_);
+    }
+    if (fd_ >= 0) {
+        close(fd_);
+    }
+}
+
+void RamImage::populate(uint64_t offset, uint64_t len)
+{
+    // Best effort: on kernels without it the pages fault in one by one.
+    (void)madvise(base_ + offset, len, MADV_POPULATE_WRITE);
+}
+
+void RamImage::scan_holes()
+{
+    known_zero_.assign((pages() + 63) / 64, 0);
+    std::fill(populated_.begin(), populated_.end(), 0);
+    off_t pos = 0;
+    while (uint64_t(pos) < size_) {
+        off_t hole = lseek(fd_, pos, SEEK_HOLE);
+        if (hole < 0 || uint64_t(hole) >= size_) {
+            break;
+        }
+        off_t data = lseek(fd_, hole, SEEK_DATA);
+        uint64_t end = data < 0 ? size_ : uint64_t(data);
+        uint64_t first = (uint64_t(hole) + TARGET_PAGE_SIZE - 1) >> TARGET_PAGE_BITS;
+        for (uint64_t pg = first; pg < (end >> TARGET_PAGE_BITS); pg++) {
+            known_zero_[pg / 64] |= uint64_t(1) << (pg % 64);
+        }
+        if (data < 0) {
+            break;
+        }
+        pos = data;
+    }
+}
+
+bool RamImage::known_zero(uint64_t page) const
+{
+    if (known_zero_.empty()) {
+        return false;
+    }
+    auto w = std::atomic_ref<const uint64_t>(known_zero_[page / 64]).load(std::memory_order_relaxed);
+    return w & (uint64_t(1) << (page % 64));
+}
+
+void RamImage::prepare_write(uint64_t offset, uint64_t len)
+{
+    uint64_t first = offset >> TARGET_PAGE_BITS;
+    uint64_t last = (offset + len - 1) >> TARGET_PAGE_BITS;
+    if (!known_zero_.empty()) {
+        for (uint64_t pg = first; pg <= last; pg++) {
+            word_ref(known_zero_, pg).fetch_and(~(uint64_t(1) << (pg % 64)),
+                                                std::memory_order_relaxed);
+        }
+    }
+    for (uint64_t c = offset >> kPopulateChunkBits; c <= (offset + len - 1) >> kPopulateChunkBits;
+         c++) {
+        uint64_t bit = uint64_t(1) << (c % 64);
+        if (word_ref(populated_, c).load(std::memory_order_relaxed) & bit) {
+            continue;
+        }
+        if (!(word_ref(populated_, c).fetch_or(bit, std::memory_order_relaxed) & bit)) {
+            uint64_t start = c << kPopulateChunkBits;
+            populate(start, std::min<uint64_t>(uint64_t(1) << kPopulateChunkBits, size_ - start));
+        }
+    }
+}
+
+void RamImage::zero_page(uint64_t offset)
+{
+    if (known_zero(offset >> TARGET_PAGE_BITS)) {
+        return;
+    }
+    uint8_t *p = host(offset);
+    if (!buffer_is_zero_page(p)) {
+        std::memset(p, 0, TARGET_PAGE_SIZE);
+    }
+}
+
+} // namespace qmigd

@@ -1,0 +1,107 @@
+"""Minimal QMP client (Python standard library only).
+
+Speaks to QEMU 10 and to qmigd alike: greeting, qmp_capabilities,
+execute with id, events kept in a queue.
+"""
+import json
+import socket
+import time
+
+
+class QMPError(Exception):
+    def __init__(self, cls, desc):
+        super().__init__(f"{cls}: {desc}")
+        self.cls = cls
+        self.desc = desc
+
+
+class QMP:
+    def __init__(self, path, timeout=30.0, negotiate=True):
+        self.path = path
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.sock.connect(path)
+                break
+            except OSError:
+                self.sock.close()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+        self.sock.settimeout(timeout)
+        self.buf = b""
+        self.events = []
+        self.next_id = 1
+        self.greeting = self._read()
+        if negotiate:
+            self.cmd("qmp_capabilities")
+
+    def _read(self):
+        while b"\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError(f"QMP socket {self.path} closed")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def send_raw(self, text):
+        self.sock.sendall(text.encode() if isinstance(text, str) else text)
+
+    def read_reply(self):
+        """Next non-event message."""
+        while True:
+            msg = self._read()
+            if "event" in msg:
+                self.events.append(msg)
+                continue
+            return msg
+
+    def execute(self, name, args=None, **kw):
+        """Returns the whole reply dict ({"return":..} or {"error":..})."""
+        req = {"execute": name, "id": self.next_id}
+        self.next_id += 1
+        if args is None:
+            args = {}
+        args.update(kw)
+        if args:
+            req["arguments"] = args
+        self.send_raw(json.dumps(req) + "\n")
+        while True:
+            reply = self.read_reply()
+            if reply.get("id") == req["id"]:
+                return reply
+
+    def cmd(self, name, args=None, **kw):
+        reply = self.execute(name, args, **kw)
+        if "error" in reply:
+            raise QMPError(reply["error"]["class"], reply["error"]["desc"])
+        return reply["return"]
+
+    def hmp(self, line):
+        return self.cmd("human-monitor-command", {"command-line": line})
+
+    def poll_events(self, timeout=0.0):
+        self.sock.settimeout(max(timeout, 0.001))
+        try:
+            while True:
+                if b"\n" not in self.buf:
+                    chunk = self.sock.recv(65536)
+                    if not chunk:
+                        break
+                    self.buf += chunk
+                msg = self._read()
+                if "event" in msg:
+                    self.events.append(msg)
+        except (socket.timeout, BlockingIOError):
+            pass
+        finally:
+            self.sock.settimeout(30.0)
+        return self.events
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass

@@ -1,0 +1,187 @@
+"""Starting qmigd and QEMU 10 processes, driving a migration, checking RAM.
+
+Shared by scripts/qmig, scripts/demo.sh, the benchmarks and the
+integration tests. Every process started here is ended here, by pid.
+"""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+from qmp import QMP, QMPError
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+QMIGD = os.environ.get("QMIGD", os.path.join(ROOT, "build", "bin", "qmigd"))
+QEMU = shutil.which("qemu-system-x86_64") or "qemu-system-x86_64"
+PAGE = 4096
+
+
+def unique_name(tag):
+    return f"qmigd-{tag}-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Peer:
+    """A running qmigd or QEMU process with its QMP connection."""
+
+    def __init__(self, kind, role, ram, tag, extra=None, log_dir="/tmp"):
+        self.kind, self.role, self.ram = kind, role, ram  # ram: list of (name, path, size)
+        self.qmp_path = os.path.join("/tmp", unique_name(tag) + ".qmp")
+        self.log_path = os.path.join(log_dir, os.path.basename(self.qmp_path) + ".log")
+        if kind == "qemu":
+            (name, path, size), = ram
+            argv = [QEMU, "-M", "none", "-nodefaults", "-display", "none",
+                    "-object", f"memory-backend-file,id={name},size={size},mem-path={path},share=on",
+                    "-machine", f"memory-backend={name}",
+                    "-qmp", f"unix:{self.qmp_path},server=on,wait=off"]
+            if role == "dest":
+                argv += ["-incoming", "defer"]
+        else:
+            argv = [QMIGD, "source" if role == "source" else "dest", "--qmp", self.qmp_path]
+            for name, path, size in ram:
+                argv += ["--ram", f"{name}={path},size={size}"]
+        argv += extra or []
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+        self.qmp = None
+        try:
+            self.qmp = QMP(self.qmp_path, timeout=20)
+        except Exception:
+            self.stop()
+            raise
+
+    def set_migration(self, multifd, channels=2, zpd=None, max_bandwidth=0, events=False,
+                      extra_params=None):
+        caps = [{"capability": "multifd", "state": bool(multifd)},
+                {"capability": "events", "state": bool(events)}]
+        self.qmp.cmd("migrate-set-capabilities", capabilities=caps)
+        params = {"multifd-channels": channels, "max-bandwidth": max_bandwidth}
+        if zpd:
+            params["zero-page-detection"] = zpd
+        params.update(extra_params or {})
+        self.qmp.cmd("migrate-set-parameters", params)
+
+    def status(self):
+        return self.qmp.cmd("query-migrate")
+
+    def stop(self):
+        if self.qmp:
+            try:
+                self.qmp.execute("quit")
+            except Exception:
+                pass
+            self.qmp.close()
+        if self.proc.poll() is None:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+        for p in (self.qmp_path,):
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+
+    def log_text(self):
+        with open(self.log_path) as f:
+            return f.read()
+
+
+def wait_status(peer, want, timeout=120.0, progress=None, fail_on=("failed", "cancelled")):
+    deadline = time.monotonic() + timeout
+    while True:
+        info = peer.status()
+        st = info.get("status")
+        if progress:
+            progress(info)
+        if st in want:
+            return info
+        if st in fail_on:
+            raise RuntimeError(f"{peer.kind} {peer.role}: migration {st}: {info.get('error-desc')}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{peer.kind} {peer.role}: still {st} after {timeout}s")
+        time.sleep(0.02)
+
+
+def migrate(src, dst, multifd, channels=2, zpd="multifd", max_bandwidth=0, timeout=300,
+            progress=None, dst_uri_host="127.0.0.1"):
+    """Configures both sides, runs one migration, returns (src_info, dst_info, seconds)."""
+    src.set_migration(multifd, channels, zpd, max_bandwidth)
+    dst.set_migration(multifd, channels, None, max_bandwidth)
+    port = free_port()
+    dst.qmp.cmd("migrate-incoming", uri=f"tcp:{dst_uri_host}:{port}")
+    t0 = time.monotonic()
+    src.qmp.cmd("migrate", uri=f"tcp:{dst_uri_host}:{port}")
+    src_info = wait_status(src, ("completed",), timeout, progress)
+    dst_info = wait_status(dst, ("completed",), timeout)
+    return src_info, dst_info, time.monotonic() - t0
+
+
+def files_equal(a, b, chunk=1 << 24):
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        while True:
+            x, y = fa.read(chunk), fb.read(chunk)
+            if x != y:
+                return False
+            if not x:
+                return True
+
+
+def make_image(path, size, content, seed=1):
+    """Writes a RAM image: zero | random | mixed | garbage (all 0xAA-ish)."""
+    import random
+    rng = random.Random(seed)
+    pages = size // PAGE
+    with open(path, "wb") as f:
+        if content == "zero":
+            f.truncate(size)
+            return
+        if content == "random":
+            left = size
+            while left:
+                n = min(left, 1 << 24)
+                f.write(os.urandom(n))
+                left -= n
+            return
+        if content == "garbage":
+            f.write(bytes([0xAA]) * size)
+            return
+        assert content == "mixed"
+        # Runs of zero pages, random pages, single-byte pages and 0xff pages.
+        zero = bytes(PAGE)
+        ff = b"\xff" * PAGE
+        first = b"\x01" + bytes(PAGE - 1)
+        last = bytes(PAGE - 1) + b"\x80"
+        i = 0
+        while i < pages:
+            run = min(pages - i, rng.randint(1, 64))
+            kind = rng.random()
+            if kind < 0.40:
+                f.write(zero * run)
+            elif kind < 0.85:
+                f.write(os.urandom(PAGE * run))
+            elif kind < 0.90:
+                f.write(first * run)
+            elif kind < 0.95:
+                f.write(last * run)
+            else:
+                f.write(ff * run)
+            i += run
+
+
+def remove(*paths):
+    for p in paths:
+        for q in (p, p + ".dirty"):
+            try:
+                os.unlink(q)
+            except OSError:
+                pass
