@@ -1,0 +1,338 @@
+// Main-channel decoding: streams built with our encoders (and by hand)
+// into the loader, including malformed ones.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <random>
+
+#include "protocol/loadvm.h"
+#include "protocol/savevm.h"
+
+using namespace qmigd;
+
+namespace {
+
+constexpr uint64_t kBlockSize = 16 * TARGET_PAGE_SIZE;
+
+struct FakeRam : LoadvmHandler {
+    std::vector<uint8_t> ram = std::vector<uint8_t>(kBlockSize, 0xAA);
+    int flushes = 0;
+    uint8_t *page_host(size_t block, uint64_t offset) override
+    {
+        REQUIRE(block == 0);
+        REQUIRE(offset + TARGET_PAGE_SIZE <= ram.size());
+        return ram.data() + offset;
+    }
+    void zero_page(size_t, uint64_t offset) override
+    {
+        REQUIRE(offset + TARGET_PAGE_SIZE <= ram.size());
+        std::memset(ram.data() + offset, 0, TARGET_PAGE_SIZE);
+    }
+    Status multifd_flush() override
+    {
+        flushes++;
+        return {};
+    }
+};
+
+LoadvmConfig config(bool multifd = false)
+{
+    LoadvmConfig c;
+    c.blocks = {{"mem", kBlockSize}};
+    c.multifd = multifd;
+    return c;
+}
+
+Result<LoadvmResult> load(const std::vector<uint8_t> &bytes, FakeRam &ram,
+                          const LoadvmConfig &cfg = config())
+{
+    MemoryInputStream in(bytes.data(), bytes.size());
+    QEMUFileReader f(in, 64);
+    return qemu_loadvm_state(f, cfg, ram);
+}
+
+// A complete stream: one PAGE of `fill` at page 1, a ZERO page at 2.
+std::vector<uint8_t> good_stream(uint8_t fill = 0x5A, bool flush = false)
+{
+    std::vector<uint8_t> out;
+    ByteWriter w(out);
+    RamBlockDesc mem{"mem", kBlockSize};
+    RamRecordEncoder rec;
+    savevm_put_header(w);
+    savevm_put_configuration(w, "none");
+    savevm_put_section_header(w, QEMU_VM_SECTION_START, 1, "ram", 0, 4);
+    ram_put_mem_size(w, std::span(&mem, 1));
+    ram_put_flag(w, RAM_SAVE_FLAG_EOS);
+    savevm_put_footer(w, 1);
+    savevm_put_section_continue(w, QEMU_VM_SECTION_PART, 1);
+    rec.put_page_header(w, mem, 1 * TARGET_PAGE_SIZE);
+    w.zeros(0);
+    std::vector<uint8_t> page(TARGET_PAGE_SIZE, fill);
+    w.bytes(page.data(), page.size());
+    rec.put_zero_page(w, mem, 2 * TARGET_PAGE_SIZE);
+    if (flush) {
+        ram_put_flag(w, RAM_SAVE_FLAG_MULTIFD_FLUSH);
+    }
+    ram_put_flag(w, RAM_SAVE_FLAG_EOS);
+    savevm_put_footer(w, 1);
+    savevm_put_command(w, MIG_CMD_SWITCHOVER_START);
+    savevm_put_section_continue(w, QEMU_VM_SECTION_END, 1);
+    ram_put_flag(w, RAM_SAVE_FLAG_EOS);
+    savevm_put_footer(w, 1);
+    savevm_put_timer(w, 0);
+    savevm_put_globalstate(w, 3, "running");
+    savevm_put_eof_and_vmdesc(w);
+    return out;
+}
+
+std::string load_error(const std::vector<uint8_t> &bytes, const LoadvmConfig &cfg = config())
+{
+    FakeRam ram;
+    auto r = load(bytes, ram, cfg);
+    REQUIRE_FALSE(r.ok());
+    return r.error().message();
+}
+
+// Offset of the first occurrence of a byte pattern.
+size_t find(const std::vector<uint8_t> &s, std::initializer_list<uint8_t> pat)
+{
+    std::vector<uint8_t> p(pat);
+    auto it = std::search(s.begin(), s.end(), p.begin(), p.end());
+    REQUIRE(it != s.end());
+    return size_t(it - s.begin());
+}
+
+} // namespace
+
+TEST_CASE("a complete stream loads pages, zero pages and the run state", "[loadvm]")
+{
+    FakeRam ram;
+    auto r = load(good_stream(0x5A), ram);
+    REQUIRE(r.ok());
+    CHECK(r->normal_pages == 1);
+    CHECK(r->zero_pages == 1);
+    CHECK(r->runstate == "running");
+    CHECK(ram.ram[TARGET_PAGE_SIZE] == 0x5A);
+    CHECK(ram.ram[2 * TARGET_PAGE_SIZE - 1] == 0x5A);
+    CHECK(ram.ram[2 * TARGET_PAGE_SIZE] == 0);          // zero page overwrote 0xAA
+    CHECK(ram.ram[3 * TARGET_PAGE_SIZE - 1] == 0);
+    CHECK(ram.ram[0] == 0xAA);                          // untouched page
+}
+
+TEST_CASE("the encoder's bytes match QEMU's captured layout", "[savevm]")
+{
+    auto s = good_stream();
+    const uint8_t head[] = {0x51, 0x45, 0x56, 0x4d, 0, 0, 0, 3, 0x07, 0, 0, 0, 4, 'n', 'o', 'n', 'e',
+                            0x01, 0, 0, 0, 1, 3, 'r', 'a', 'm', 0, 0, 0, 0, 0, 0, 0, 4};
+    REQUIRE(s.size() > sizeof(head));
+    CHECK(std::equal(head, head + sizeof(head), s.begin()));
+    // Timer FULL record is 48 bytes, globalstate 134, VMDESC length 823.
+    size_t t = find(s, {0x04, 0, 0, 0, 0, 5, 't', 'i', 'm', 'e', 'r'});
+    CHECK(s[t + 43] == 0x7e);
+    size_t g = find(s, {0x04, 0, 0, 0, 3, 11, 'g', 'l', 'o', 'b'});
+    CHECK(g == t + 48);
+    CHECK(s[g + 134] == QEMU_VM_EOF);
+    CHECK(s[g + 135] == QEMU_VM_VMDESCRIPTION);
+    CHECK(get_be32(&s[g + 136]) == 823);
+    CHECK(s.size() == g + 140 + 823);
+}
+
+TEST_CASE("MULTIFD_FLUSH reaches the handler only with multifd on", "[loadvm]")
+{
+    FakeRam ram;
+    auto r = load(good_stream(1, true), ram, config(true));
+    REQUIRE(r.ok());
+    CHECK(ram.flushes == 1);
+    CHECK(load_error(good_stream(1, true)) == "MULTIFD_FLUSH received but multifd is not enabled");
+}
+
+TEST_CASE("header and configuration errors", "[loadvm]")
+{
+    auto s = good_stream();
+    SECTION("wrong magic")
+    {
+        s[0] = 'X';
+        CHECK(load_error(s).rfind("Not a migration stream", 0) == 0);
+    }
+    SECTION("version 2 is obsolete")
+    {
+        s[7] = 2;
+        CHECK(load_error(s) == "SaveVM v2 format is obsolete and don't work anymore");
+    }
+    SECTION("version 4 is unsupported")
+    {
+        s[7] = 4;
+        CHECK(load_error(s) == "Unsupported migration stream version 4");
+    }
+    SECTION("configuration missing")
+    {
+        s[8] = QEMU_VM_SECTION_START;
+        CHECK(load_error(s) == "Configuration section missing");
+    }
+    SECTION("machine type mismatch, including a prefix")
+    {
+        auto cfg = config();
+        cfg.machine_type = "pc";
+        CHECK(load_error(s, cfg) == "Machine type received is 'none' and local is 'pc'");
+        cfg.machine_type = "nonexistent";
+        CHECK(load_error(s, cfg).find("Machine type received is 'none'") == 0);
+    }
+    SECTION("huge machine type length")
+    {
+        s[9] = 0x7f;
+        CHECK(load_error(s).find("Machine type name too long") == 0);
+    }
+}
+
+TEST_CASE("configuration/uuid is checked when both sides have one", "[loadvm]")
+{
+    std::vector<uint8_t> s;
+    ByteWriter w(s);
+    Uuid u{};
+    u[0] = 0x12;
+    savevm_put_header(w);
+    savevm_put_configuration(w, "none", &u);
+    w.u8(QEMU_VM_EOF);
+    FakeRam ram;
+    auto cfg = config();
+    CHECK(load(s, ram, cfg).ok()); // we have no uuid: accepted
+    cfg.uuid[0] = 0x34;
+    CHECK(load_error(s, cfg).find("UUID received is '12000000") == 0);
+    cfg.uuid = u;
+    CHECK(load(s, ram, cfg).ok());
+}
+
+TEST_CASE("section errors", "[loadvm]")
+{
+    auto s = good_stream();
+    size_t start = find(s, {0x01, 0, 0, 0, 1, 3, 'r', 'a', 'm'});
+    SECTION("unknown section")
+    {
+        s[start + 6] = 'x';
+        CHECK(load_error(s).find("Unknown savevm section or instance 'xam' 0") == 0);
+    }
+    SECTION("wrong ram version")
+    {
+        s[start + 16] = 3;
+        CHECK(load_error(s).find("savevm: unsupported version 3 for 'ram'") == 0);
+    }
+    SECTION("unknown section type")
+    {
+        s[start] = 0x42;
+        CHECK(load_error(s) == "Unknown savevm section type 66");
+    }
+    SECTION("PART for a section never started")
+    {
+        size_t part = find(s, {0x02, 0, 0, 0, 1});
+        s[part + 4] = 9;
+        CHECK(load_error(s) == "Unknown savevm section 9");
+    }
+    SECTION("missing footer")
+    {
+        size_t footer = find(s, {0x7e, 0, 0, 0, 1});
+        s[footer] = 0x7d;
+        CHECK(load_error(s) == "Missing section footer for ram");
+    }
+    SECTION("mismatched footer")
+    {
+        size_t footer = find(s, {0x7e, 0, 0, 0, 1});
+        s[footer + 4] = 2;
+        CHECK(load_error(s) ==
+              "Mismatched section id in footer for ram - read 0x2 expected 0x1");
+    }
+    SECTION("unknown command")
+    {
+        size_t cmd = find(s, {0x08, 0, 0x0b, 0, 0});
+        s[cmd + 2] = 0x0c;
+        CHECK(load_error(s) == "MIG_CMD 0xc unknown (len 0x0)");
+        s[cmd + 2] = 0x01;
+        CHECK(load_error(s).find("MIG_CMD 0x1 is not supported") == 0);
+    }
+    SECTION("bad globalstate runstate")
+    {
+        size_t g = find(s, {'r', 'u', 'n', 'n', 'i', 'n', 'g'});
+        s[g] = 'x';
+        CHECK(load_error(s) == "globalstate: unknown runstate 'xunning'");
+    }
+}
+
+TEST_CASE("ram record errors", "[loadvm]")
+{
+    auto s = good_stream();
+    size_t mem_size = find(s, {0, 0, 0, 0, 0, 1, 0, 4, 3, 'm', 'e', 'm'});
+    SECTION("unknown block in the RAM list")
+    {
+        s[mem_size + 9] = 'x';
+        CHECK(load_error(s) == "Unknown ramblock \"xem\", cannot accept migration");
+    }
+    SECTION("size mismatch")
+    {
+        auto cfg = config();
+        cfg.blocks[0].used_length = 2 * kBlockSize;
+        CHECK(load_error(s, cfg) == "Size mismatch: mem: 0x10000 != 0x20000: Invalid argument");
+    }
+    SECTION("block list longer than the total")
+    {
+        s[mem_size + 5] = 0; // total 0x000 -> nothing, then the block is parsed as a record
+        CHECK_FALSE(load_error(s).empty());
+    }
+    SECTION("page offset beyond the block")
+    {
+        size_t page = find(s, {0, 0, 0, 0, 0, 0, 0x10, 0x08, 3, 'm', 'e', 'm'});
+        s[page + 5] = 0x01; // offset 0x11000 > 0x10000
+        CHECK(load_error(s) == "Illegal RAM offset 11000");
+    }
+    SECTION("zero page with a non-zero fill byte")
+    {
+        size_t z = find(s, {0, 0, 0, 0, 0, 0, 0x20, 0x22, 0});
+        s[z + 8] = 7;
+        CHECK(load_error(s) == "Found a zero page with value 7");
+    }
+    SECTION("CONTINUE before any block")
+    {
+        size_t page = find(s, {0, 0, 0, 0, 0, 0, 0x10, 0x08, 3, 'm', 'e', 'm'});
+        s[page + 7] |= RAM_SAVE_FLAG_CONTINUE;
+        CHECK(load_error(s) == "Ack, bad migration stream!");
+    }
+    SECTION("unknown flag combination")
+    {
+        size_t z = find(s, {0, 0, 0, 0, 0, 0, 0x20, 0x22, 0});
+        s[z + 7] = 0x2a; // ZERO|PAGE|CONTINUE
+        CHECK(load_error(s) == "Unknown combination of migration flags: 0x2a");
+    }
+    SECTION("unknown block in a page record")
+    {
+        size_t page = find(s, {0, 0, 0, 0, 0, 0, 0x10, 0x08, 3, 'm', 'e', 'm'});
+        s[page + 9] = 'x';
+        CHECK(load_error(s) == "Can't find block xem");
+    }
+}
+
+TEST_CASE("every truncation of a good stream fails cleanly", "[loadvm]")
+{
+    auto s = good_stream();
+    // Everything before the EOF marker is required.
+    size_t eof = s.size() - 823 - 5 - 1;
+    for (size_t len = 0; len < eof; len++) {
+        std::vector<uint8_t> cut(s.begin(), s.begin() + long(len));
+        FakeRam ram;
+        auto r = load(cut, ram);
+        INFO("length " << len);
+        REQUIRE_FALSE(r.ok());
+    }
+}
+
+TEST_CASE("random bytes after a good header never crash the loader", "[loadvm]")
+{
+    std::mt19937 rng(42);
+    auto good = good_stream();
+    for (int round = 0; round < 2000; round++) {
+        auto s = good;
+        // Flip a few bytes somewhere in the stream.
+        for (int k = 0; k < 3; k++) {
+            s[rng() % s.size()] = uint8_t(rng());
+        }
+        FakeRam ram;
+        (void)load(s, ram); // FakeRam's REQUIREs catch any out-of-range access
+    }
+}

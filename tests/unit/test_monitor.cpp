@@ -1,0 +1,97 @@
+#include <catch2/catch.hpp>
+
+#include "monitor/hmp.h"
+#include "monitor/json_splitter.h"
+#include "monitor/migration_config.h"
+
+using namespace qmigd;
+
+TEST_CASE("JSON splitter: objects by brackets, scalars by newline", "[monitor]")
+{
+    JsonSplitter s;
+    auto a = s.feed("{\"execute\": \"x\"}{\"a\": \"}\"}", 27);
+    REQUIRE(a.size() == 2);
+    CHECK(a[1] == "{\"a\": \"}\"}");
+    CHECK(s.feed("{\"unterminated\": ", 17).empty());
+    CHECK(s.pending() > 0);
+    auto b = s.feed("1}\n42\n", 6);
+    REQUIRE(b.size() == 2);
+    CHECK(b[1] == "42");
+}
+
+TEST_CASE("parameters: QEMU's types, ranges and texts; all or nothing", "[monitor]")
+{
+    MigrationConfig c;
+    auto err = [&](json args) {
+        auto e = c.set_parameters(args);
+        REQUIRE(e.has_value());
+        return e->desc;
+    };
+    CHECK(err({{"multifd-channels", 0}}) ==
+          "Parameter 'multifd_channels' expects a value between 1 and 255");
+    CHECK(err({{"multifd-channels", 256}}) == "Parameter 'multifd-channels' expects uint8_t");
+    CHECK(err({{"multifd-channels", "4"}}) == "Parameter 'multifd-channels' expects uint64");
+    CHECK(err({{"zero-page-detection", "foo"}}) ==
+          "Parameter 'zero-page-detection' does not accept value 'foo'");
+    CHECK(err({{"zero-page-detection", 1}}) ==
+          "Invalid parameter type for 'zero-page-detection', expected: string");
+    CHECK(err({{"downtime-limit", 2000001}}) ==
+          "Parameter 'downtime_limit' expects an integer in the range of 0 to (2000 * 1000) ms");
+    CHECK(err({{"downtime-limit", 1.5}}) == "Parameter 'downtime-limit' expects uint64");
+    CHECK(err({{"max-bandwidth", "x"}}) == "Parameter 'max-bandwidth' expects uint64");
+    CHECK(err({{"foo-bar", 1}}) == "Parameter 'foo-bar' is unexpected");
+    CHECK(err({{"multifd-channels", 4}, {"foo-bar", 1}}) == "Parameter 'foo-bar' is unexpected");
+    CHECK(c.multifd_channels() == 2); // nothing changed
+    REQUIRE_FALSE(c.set_parameters({{"multifd-channels", 8}, {"max-bandwidth", -1}}));
+    CHECK(c.multifd_channels() == 8);
+    CHECK(c.max_bandwidth() == UINT64_MAX);
+    CHECK(err({{"multifd-compression", "zstd"}}).find("not supported") != std::string::npos);
+}
+
+TEST_CASE("capabilities: QEMU's list; unimplemented ones refused", "[monitor]")
+{
+    MigrationConfig c;
+    auto caps = c.capabilities();
+    REQUIRE(caps.size() == 22);
+    CHECK(caps[0]["capability"] == "xbzrle");
+    CHECK(caps[21]["capability"] == "mapped-ram");
+    auto set = [&](json list) { return c.set_capabilities({{"capabilities", list}}); };
+    CHECK_FALSE(set(json::array({{{"capability", "multifd"}, {"state", true}}})));
+    CHECK(c.capability("multifd"));
+    auto e = set(json::array({{{"capability", "foo"}, {"state", true}}}));
+    REQUIRE(e);
+    CHECK(e->desc == "Parameter 'capability' does not accept value 'foo'");
+    e = set(json::array({{{"capability", "multifd"}, {"state", 1}}}));
+    REQUIRE(e);
+    CHECK(e->desc == "Invalid parameter type for 'capabilities[0].state', expected: boolean");
+    e = set(json::array({{{"capability", "xbzrle"}, {"state", true}}}));
+    REQUIRE(e);
+    CHECK(e->desc == "Capability 'xbzrle' is not supported by qmigd");
+    e = c.set_capabilities({{"capabilities", 5}});
+    REQUIRE(e);
+    CHECK(e->desc == "Invalid parameter type for 'capabilities', expected: array");
+}
+
+TEST_CASE("info migrate text follows QEMU's layout", "[hmp]")
+{
+    json info = {{"status", "completed"}, {"total-time", 408}, {"downtime", 6},
+                 {"setup-time", 1},
+                 {"ram", {{"transferred", 42232832}, {"mbps", 830.154}, {"remaining", 0},
+                          {"total", 67108864}, {"duplicate", 6118}, {"zero", 6118},
+                          {"zero-bytes", 6118 * 4096}, {"normal", 10266},
+                          {"normal-bytes", 10266 * 4096}, {"dirty-sync-count", 3},
+                          {"page-size", 4096}, {"multifd-bytes", 42231808},
+                          {"pages-per-second", 29440}, {"precopy-bytes", 8}}}};
+    std::string s = hmp_format_info_migrate(info);
+    CHECK(s.find("globals:\r\nstore-global-state: on\r\n") == 0);
+    CHECK(s.find("Migration status: completed\r\ntotal time: 408 ms\r\ndowntime: 6 ms\r\n"
+                 "setup: 1 ms\r\ntransferred ram: 41243 kbytes\r\nthroughput: 830.15 mbps\r\n") !=
+          std::string::npos);
+    CHECK(s.find("duplicate: 6118 pages\r\n") != std::string::npos);
+    CHECK(s.find("zero: 6118 pages\r\n") != std::string::npos);
+    CHECK(s.find("precopy ram: 0 kbytes\r\n") != std::string::npos);
+    CHECK(s.find("downtime ram") == std::string::npos);
+    json failed = {{"status", "failed"}, {"error-desc", "boom"}};
+    CHECK(hmp_format_info_migrate(failed).find("Migration status: failed (boom)\r\ntotal time: 0 ms\r\n") !=
+          std::string::npos);
+}
