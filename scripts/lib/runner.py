@@ -117,13 +117,19 @@ def migrate(src, dst, multifd, channels=2, zpd="multifd", max_bandwidth=0, timeo
     """Configures both sides, runs one migration, returns (src_info, dst_info, seconds)."""
     src.set_migration(multifd, channels, zpd, max_bandwidth)
     dst.set_migration(multifd, channels, None, max_bandwidth)
-    port = free_port()
-    dst.qmp.cmd("migrate-incoming", uri=f"tcp:{dst_uri_host}:{port}")
+    port = start_incoming(dst, dst_uri_host)
     t0 = time.monotonic()
     src.qmp.cmd("migrate", uri=f"tcp:{dst_uri_host}:{port}")
     src_info = wait_status(src, ("completed",), timeout, progress)
     dst_info = wait_status(dst, ("completed",), timeout)
     return src_info, dst_info, time.monotonic() - t0
+
+
+def start_incoming(dst, host="127.0.0.1"):
+    """migrate-incoming on port 0; returns the port the destination reports."""
+    dst.qmp.cmd("migrate-incoming", uri=f"tcp:{host}:0")
+    addr = dst.status()["socket-address"][0]
+    return int(addr["port"])
 
 
 def files_equal(a, b, chunk=1 << 24):

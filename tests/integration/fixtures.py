@@ -1,0 +1,70 @@
+"""Shared pieces of the integration tests: images, peers, one migration."""
+import contextlib
+import os
+import shutil
+
+from runner import Peer, make_image, migrate, files_equal, remove, unique_name, PAGE
+from itest import check
+
+MiB = 1 << 20
+ODD_SIZE = 257 * MiB + 12 * 1024
+_templates = {}
+
+
+def template(size, content):
+    """A cached source image of this size/content, copied per test."""
+    key = (size, content)
+    if key not in _templates:
+        path = f"/dev/shm/{unique_name('tpl')}.ram"
+        make_image(path, size, content, seed=size)
+        _templates[key] = path
+    return _templates[key]
+
+
+def drop_templates():
+    for p in _templates.values():
+        remove(p)
+    _templates.clear()
+
+
+@contextlib.contextmanager
+def images(size, content, dest="fresh", blocks=("mem",)):
+    """Yields [(name, src_path, dst_path, size)]; removes the files after."""
+    made = []
+    try:
+        for i, name in enumerate(blocks):
+            src = f"/dev/shm/{unique_name('src')}.ram"
+            dst = f"/dev/shm/{unique_name('dst')}.ram"
+            shutil.copyfile(template(size, content if i == 0 else "random"), src)
+            if dest == "garbage":
+                make_image(dst, size, "garbage")
+            made.append((name, src, dst, size))
+        yield made
+    finally:
+        for _, src, dst, _ in made:
+            remove(src, dst)
+
+
+@contextlib.contextmanager
+def peers(src_kind, dst_kind, imgs, src_extra=None, dst_extra=None):
+    src = dst = None
+    try:
+        src = Peer(src_kind, "source", [(n, s, z) for n, s, _, z in imgs], "src", src_extra)
+        dst = Peer(dst_kind, "dest", [(n, d, z) for n, _, d, z in imgs], "dst", dst_extra)
+        yield src, dst
+    finally:
+        for p in (src, dst):
+            if p:
+                p.stop()
+
+
+def run_cell(src_kind, dst_kind, size, content, multifd, channels, zpd, dest="fresh",
+             blocks=("mem",)):
+    """One migration; checks status and byte-identical images. Returns src info."""
+    with images(size, content, dest, blocks) as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
+        src_info, dst_info, secs = migrate(s, d, multifd, channels, zpd)
+        check(src_info["status"] == "completed", src_info)
+        check(dst_info["status"] == "completed", dst_info)
+        for name, sp, dp, _ in imgs:
+            check(files_equal(sp, dp), f"RAM block {name} differs after migration")
+        return src_info

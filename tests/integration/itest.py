@@ -1,0 +1,44 @@
+"""A tiny test runner for the integration tests (standard library only).
+
+Each test is a function registered with @test; the runner runs them in
+order (optionally filtered by -k), prints one line per test and closes
+with "N passed, N failed". Exit status 1 if anything failed.
+"""
+import os
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "lib"))
+
+_tests = []
+
+
+def test(fn):
+    _tests.append(fn)
+    return fn
+
+
+def check(cond, msg="check failed"):
+    if not cond:
+        raise AssertionError(msg)
+
+
+def main():
+    args = sys.argv[1:]
+    pattern = args[args.index("-k") + 1] if "-k" in args else ""
+    passed = failed = 0
+    for fn in _tests:
+        if pattern not in fn.__name__:
+            continue
+        t0 = time.monotonic()
+        try:
+            fn()
+            passed += 1
+            print(f"PASS {fn.__name__} ({time.monotonic() - t0:.1f}s)", flush=True)
+        except Exception:
+            failed += 1
+            print(f"FAIL {fn.__name__} ({time.monotonic() - t0:.1f}s)", flush=True)
+            traceback.print_exc()
+    print(f"{passed} passed, {failed} failed", flush=True)
+    sys.exit(1 if failed or not passed else 0)
