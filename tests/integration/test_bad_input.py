@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Broken peers against qmigd dest: each ends `failed` with an error-desc,
+the daemon keeps answering, and the same daemon then completes a good
+migration from a qmigd source."""
+import os
+import random
+import socket
+import time
+
+import wire
+from itest import test, main, check
+from fixtures import images, peers, MiB
+from runner import Peer, start_incoming, wait_status, files_equal, migrate
+
+SIZE = 16 * MiB
+
+
+class Harness:
+    """One destination daemon (and a qmigd source for the good runs)."""
+
+    def __init__(self):
+        self.ctx = images(SIZE, "mixed")
+        self.imgs = self.ctx.__enter__()
+        self.pctx = peers("qmigd", "qmigd", self.imgs)
+        self.src, self.dst = self.pctx.__enter__()
+
+    def close(self):
+        self.pctx.__exit__(None, None, None)
+        self.ctx.__exit__(None, None, None)
+
+    def bad(self, multifd, channels, send, expect):
+        """Arms the dest, lets `send(port)` misbehave, checks failure, then a good run."""
+        self.dst.set_migration(multifd, channels)
+        port = start_incoming(self.dst)
+        send(port)
+        info = wait_status(self.dst, ("failed",), timeout=20, fail_on=("completed",))
+        desc = info.get("error-desc", "")
+        check(expect in desc, f"error-desc {desc!r} lacks {expect!r}")
+        check("socket-address" not in info or info["status"] == "failed")
+        log = self.dst.log_text()
+        check(desc in log, "the failure was not logged")
+        # Still serving, and a good migration works on the same daemon.
+        check(self.dst.qmp.cmd("query-status")["status"] == "inmigrate")
+        _, name_src, name_dst, _ = self.imgs[0]
+        with open(name_dst, "r+b") as f:
+            f.write(b"\xee" * PAGE_SPAN)
+        src_info, dst_info, _ = migrate(self.src, self.dst, True, 2, "multifd")
+        check(files_equal(name_src, name_dst), "good migration after a bad one differs")
+        # A fresh source for the next case: a completed source is postmigrate.
+        self.src.qmp.cmd("cont")
+
+
+PAGE_SPAN = 64 * 4096
+H = None
+
+
+def connect(port, data=b"", close=True, linger=0.0):
+    s = socket.create_connection(("127.0.0.1", port))
+    if data:
+        s.sendall(data)
+    if linger:
+        time.sleep(linger)
+    if close:
+        s.close()
+    return s
+
+
+def case(name, multifd, channels, send, expect):
+    def fn():
+        global H
+        if H is None:
+            H = Harness()
+        H.bad(multifd, channels, send, expect)
+    fn.__name__ = "test_" + name
+    test(fn)
+
+
+good_start = wire.header() + wire.config() + wire.start() + wire.mem_size([("mem", SIZE)]) \
+    + wire.flag(wire.EOS) + wire.footer()
+
+case("wrong_magic", False, 1, lambda p: connect(p, wire.header(magic=0x12345678)),
+     "Not a migration stream")
+case("wrong_version", False, 1, lambda p: connect(p, wire.header(version=2) + wire.config()),
+     "SaveVM v2 format is obsolete")
+case("machine_mismatch", False, 1, lambda p: connect(p, wire.header() + wire.config("pc")),
+     "Machine type received is 'pc' and local is 'none'")
+case("unknown_section", False, 1,
+     lambda p: connect(p, wire.header() + wire.config() + wire.start("nosuch")),
+     "Unknown savevm section or instance 'nosuch' 0")
+case("unknown_ramblock", False, 1,
+     lambda p: connect(p, wire.header() + wire.config() + wire.start() +
+                       wire.mem_size([("nosuch", SIZE)])),
+     'Unknown ramblock "nosuch"')
+case("size_mismatch", False, 1,
+     lambda p: connect(p, wire.header() + wire.config() + wire.start() +
+                       wire.mem_size([("mem", 2 * SIZE)])),
+     "Size mismatch: mem: 0x2000000 != 0x1000000")
+case("offset_out_of_range", False, 1,
+     lambda p: connect(p, good_start + wire.part() + wire.page(SIZE, b"\1" * 4096)),
+     "Illegal RAM offset 1000000")
+case("truncated_page", False, 1,
+     lambda p: connect(p, good_start + wire.part() + wire.page(0, b"\1" * 100)),
+     "unexpected end of migration stream")
+case("disconnect_midway", False, 1, lambda p: connect(p, good_start),
+     "unexpected end of migration stream")
+case("random_bytes_main", False, 1, lambda p: connect(p, random.Random(1).randbytes(8192)),
+     "Not a migration stream")
+case("extra_channel_without_multifd", False, 1,
+     lambda p: (connect(p, wire.header(), close=False), connect(p, wire.header())),
+     "Extra incoming migration connection")
+case("closed_before_identifying", True, 2, lambda p: connect(p, b"QE"),
+     "closed before it identified itself")
+
+
+def multifd_then(p, channels, packets, main_extra=b""):
+    """Connects main + channels; sends packets on channel 0; keeps main open."""
+    m = connect(p, good_start + main_extra, close=False)
+    socks = [connect(p, wire.multifd_init(i), close=False) for i in range(channels)]
+    socks[0].sendall(packets)
+    time.sleep(0.3)
+    for s in socks + [m]:
+        s.close()
+
+
+case("multifd_uuid_mismatch", True, 2, lambda p: connect(p, wire.multifd_init(0, b"\1" * 16)),
+     "multifd: received uuid '01010101-0101-0101-0101-010101010101'")
+case("multifd_channel_id_too_big", True, 2, lambda p: connect(p, wire.multifd_init(2)),
+     "multifd: received channel id 2 is greater than number of channels 2")
+case("multifd_duplicate_id", True, 2,
+     lambda p: (connect(p, wire.multifd_init(0), close=False), connect(p, wire.multifd_init(0))),
+     "multifd: received id '0' already setup'")
+case("multifd_too_many_pages", True, 2,
+     lambda p: multifd_then(p, 2, wire.multifd_packet([0], 1, pages_alloc=129)),
+     "multifd: received packet with 129 pages, expected 128")
+case("multifd_offset_out_of_range", True, 2,
+     lambda p: multifd_then(p, 2, wire.multifd_packet([SIZE], 1) + b"\1" * 4096),
+     "multifd: offset too long 16777216")
+case("multifd_unaligned_offset", True, 2,
+     lambda p: multifd_then(p, 2, wire.multifd_packet([100], 1) + b"\1" * 4096),
+     "multifd: unaligned page offset 0x64")
+case("multifd_unknown_block", True, 2,
+     lambda p: multifd_then(p, 2, wire.multifd_packet([0], 1, block="nosuch")),
+     "multifd: unknown ram block nosuch")
+case("multifd_truncated_packet", True, 2,
+     lambda p: multifd_then(p, 2, wire.multifd_packet([0, 4096], 2) + b"\1" * 5000),
+     "unexpected end of stream in the middle of a packet")
+case("multifd_bad_magic_packet", True, 2,
+     lambda p: multifd_then(p, 2, b"\0" * 1344),
+     "multifd: received packet magic 0")
+case("multifd_random_bytes", True, 2,
+     lambda p: multifd_then(p, 2, random.Random(2).randbytes(4000)),
+     "multifd: received packet magic")
+case("more_channels_than_configured", True, 2,
+     lambda p: (multifd_then(p, 3, b"")),
+     "more channels than configured")
+case("flush_waits_for_a_closed_channel", True, 2,
+     lambda p: multifd_then(p, 2, b"", wire.part() + wire.flag(wire.FLUSH)),
+     "closed before sync point")
+
+
+@test
+def test_zz_cleanup():
+    global H
+    if H:
+        H.close()
+        H = None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Builds QEMU migration-stream bytes for tests, independently of
+protocol/ (from ../shared/docs/qemu-wire-format.md), so the daemon can be
+fed streams that are broken in precise ways."""
+import struct
+
+PAGE = 4096
+ZERO, MEM_SIZE, PAGE_F, EOS, CONTINUE, FLUSH = 0x2, 0x4, 0x8, 0x10, 0x20, 0x200
+
+
+def be32(v):
+    return struct.pack(">I", v)
+
+
+def be64(v):
+    return struct.pack(">Q", v)
+
+
+def cstr8(s):
+    b = s.encode()
+    return bytes([len(b)]) + b
+
+
+def header(magic=0x5145564D, version=3):
+    return be32(magic) + be32(version)
+
+
+def config(machine="none"):
+    return b"\x07" + be32(len(machine)) + machine.encode()
+
+
+def start(idstr="ram", sid=1, version=4):
+    return b"\x01" + be32(sid) + cstr8(idstr) + be32(0) + be32(version)
+
+
+def part(sid=1):
+    return b"\x02" + be32(sid)
+
+
+def end(sid=1):
+    return b"\x03" + be32(sid)
+
+
+def footer(sid=1):
+    return b"\x7e" + be32(sid)
+
+
+def mem_size(blocks):
+    total = sum(size for _, size in blocks)
+    out = be64(total | MEM_SIZE)
+    for name, size in blocks:
+        out += cstr8(name) + be64(size)
+    return out
+
+
+def page(offset, data, block="mem"):
+    return be64(offset | PAGE_F) + (cstr8(block) if block else b"") + data
+
+
+def flag(f):
+    return be64(f)
+
+
+def multifd_init(chan_id, uuid=bytes(16)):
+    return be32(0x11223344) + be32(1) + uuid + bytes([chan_id]) + bytes(7) + bytes(32)
+
+
+def multifd_packet(offsets, normal, zero=0, flags=0, block="mem", pages_alloc=128, num=0,
+                   next_size=None):
+    h = be32(0x11223344) + be32(1) + be32(flags) + be32(pages_alloc) + be32(normal)
+    h += be32(normal * PAGE if next_size is None else next_size) + be64(num) + be32(zero)
+    h += bytes(4 + 24)
+    h += block.encode().ljust(256, b"\0")
+    offs = b"".join(be64(o) for o in offsets)
+    h += offs.ljust(128 * 8, b"\0")
+    assert len(h) == 1344
+    return h
+
+
+def good_plain_stream(size, fill=b"\x5a"):
+    """A complete plain-precopy stream writing page 0 and zeroing page 1."""
+    s = header() + config() + start() + mem_size([("mem", size)]) + flag(EOS) + footer()
+    s += part() + page(0, fill * PAGE) + be64(PAGE | ZERO | CONTINUE) + b"\0" + flag(EOS) + footer()
+    s += end() + flag(EOS) + footer() + b"\x00"
+    return s
