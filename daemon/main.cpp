@@ -1,4 +1,5 @@
 // qmigd: QEMU-compatible live-migration daemons.
+#include <csignal>
 #include <cstdio>
 
 #include <CLI/CLI.hpp>
@@ -25,6 +26,8 @@ void add_common(CLI::App *cmd, DaemonOptions &o, std::string &uuid, std::string 
 
 int main(int argc, char **argv)
 {
+    // A peer that goes away must show up as a write error, not kill us.
+    std::signal(SIGPIPE, SIG_IGN);
     CLI::App app{"qmigd: QEMU-compatible live-migration daemons"};
     app.require_subcommand(1);
     DaemonOptions src, dst;

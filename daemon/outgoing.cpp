@@ -22,10 +22,8 @@ using Clock = std::chrono::steady_clock;
 constexpr uint32_t kTimerSectionId = 0;
 constexpr uint32_t kRamSectionId = 1;
 constexpr uint32_t kGlobalStateSectionId = 3;
-// A PART section ends after this long (ram_save_iterate's 50 ms slice),
-// and the rate limit works in windows of 100 ms, as in QEMU.
+// A PART section ends after this long (ram_save_iterate's 50 ms slice).
 constexpr auto kSliceTime = std::chrono::milliseconds(50);
-constexpr auto kRateWindow = std::chrono::milliseconds(100);
 
 int64_t ms_since(Clock::time_point t)
 {
@@ -88,8 +86,14 @@ private:
     size_t cur_word_ = 0;
     bool downtime_ = false; // VM stopped: records count as downtime bytes
     uint64_t legacy_normal_ = 0, legacy_zero_ = 0;
-    Clock::time_point window_start_;
-    uint64_t window_bytes_ = 0;
+    // Rate limit: bytes actually written (main + multifd) may not run ahead
+    // of max-bandwidth x time since the reference point. Measuring what was
+    // written, not what was queued, keeps the long-run rate exact even though
+    // the channels lag the main thread by a few packets.
+    Clock::time_point rate_start_;
+    uint64_t rate_start_bytes_ = 0;
+    uint64_t rate_bw_ = 0; // max-bandwidth the reference point was taken for
+    bool over_rate();
     // Bandwidth measurement (migration_update_counters).
     Clock::time_point update_start_;
     uint64_t update_bytes_ = 0;
@@ -209,7 +213,6 @@ Status OutgoingMigration::Runner::send_page(size_t block, uint64_t page)
 Status OutgoingMigration::Runner::send_dirty(bool until_done, bool *round_done)
 {
     auto slice_start = Clock::now();
-    uint64_t budget = m_.max_bandwidth_ / 10;
     *round_done = false;
     while (cur_block_ < blocks_.size()) {
         auto &bm = bitmaps_[cur_block_];
@@ -220,18 +223,15 @@ Status OutgoingMigration::Runner::send_dirty(bool until_done, bool *round_done)
             }
             bm[cur_word_] = 0;
             dirty_pages_ -= uint64_t(std::popcount(bits));
-            uint64_t before = transferred();
             while (bits) {
                 uint64_t page = cur_word_ * 64 + uint64_t(std::countr_zero(bits));
                 bits &= bits - 1;
                 QMIGD_TRY(send_page(cur_block_, page));
             }
-            uint64_t sent = transferred() - before;
-            window_bytes_ += sent;
             if (until_done) {
                 continue;
             }
-            if (Clock::now() - slice_start > kSliceTime || (budget && window_bytes_ >= budget)) {
+            if (Clock::now() - slice_start > kSliceTime || over_rate()) {
                 cur_word_++;
                 return {};
             }
@@ -244,25 +244,29 @@ Status OutgoingMigration::Runner::send_dirty(bool until_done, bool *round_done)
     return round_flush();
 }
 
+bool OutgoingMigration::Runner::over_rate()
+{
+    uint64_t bw = m_.max_bandwidth_;
+    if (bw != rate_bw_) { // unlimited, or changed by migrate-set-parameters
+        rate_bw_ = bw;
+        rate_start_ = Clock::now();
+        rate_start_bytes_ = transferred();
+    }
+    if (bw == 0) {
+        return false;
+    }
+    double allowed = double(bw) * std::chrono::duration<double>(Clock::now() - rate_start_).count();
+    return double(transferred() - rate_start_bytes_) > allowed;
+}
+
 Status OutgoingMigration::Runner::rate_limit_wait()
 {
-    uint64_t budget = m_.max_bandwidth_ / 10;
-    auto now = Clock::now();
-    if (now - window_start_ >= kRateWindow) {
-        window_start_ = now;
-        window_bytes_ = 0;
-        return {};
-    }
-    if (!budget || window_bytes_ < budget) {
-        return {};
-    }
-    // Sleep to the end of the window in small steps, so cancel stays quick.
-    while (Clock::now() - window_start_ < kRateWindow) {
+    // Sleep in small steps until the budget catches up, so cancel and
+    // bandwidth changes take effect quickly.
+    while (over_rate()) {
         QMIGD_TRY(check_cancel());
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
-    window_start_ = Clock::now();
-    window_bytes_ = 0;
     return {};
 }
 
@@ -351,7 +355,6 @@ Status OutgoingMigration::Runner::complete()
 
 Status OutgoingMigration::Runner::run()
 {
-    window_start_ = Clock::now();
     QMIGD_TRY(setup());
     m_.stats_->setup_time_ms = ms_since(m_.start_time_);
     m_.stats_->expected_downtime_ms = int64_t(p_.downtime_limit_ms);

@@ -246,7 +246,7 @@ void tcp_connect_all(uv_loop_t *loop, const TcpAddress &addr, unsigned count,
                 ConnectBatch *b = cr->batch;
                 if (status < 0 && !b->error) {
                     b->error.emplace(fmt::format("Failed to connect to '{}:{}': {}", b->addr.host,
-                                                 b->addr.port, uv_strerror(status)));
+                                                 b->addr.port, std::strerror(-status)));
                 } else if (status == 0) {
                     uv_os_fd_t ufd;
                     uv_fileno(reinterpret_cast<uv_handle_t *>(&cr->tcp), &ufd);
@@ -264,7 +264,7 @@ void tcp_connect_all(uv_loop_t *loop, const TcpAddress &addr, unsigned count,
         if (rc != 0) {
             if (!batch->error) {
                 batch->error.emplace(fmt::format("Failed to connect to '{}:{}': {}", addr.host,
-                                                 addr.port, uv_strerror(rc)));
+                                                 addr.port, std::strerror(-rc)));
             }
             uv_close(reinterpret_cast<uv_handle_t *>(&r->tcp),
                      [](uv_handle_t *h) { delete static_cast<ConnectReq *>(h->data); });

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Cancel, refused connects and vanishing peers, each followed by a good
+migration on the same daemons."""
+import time
+
+from itest import test, main, check
+from fixtures import images, peers, MiB
+from runner import Peer, start_incoming, wait_status, files_equal, migrate, free_port
+
+SIZE = 64 * MiB
+SLOW = 32 * MiB  # max-bandwidth that makes a 64 MiB migration take ~2 s
+
+
+def begin(src, dst, bandwidth=SLOW):
+    src.set_migration(True, 2, "multifd", bandwidth)
+    dst.set_migration(True, 2)
+    port = start_incoming(dst)
+    src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+    wait_status(src, ("active",), timeout=10)
+    time.sleep(0.4)
+
+
+def good_run(src, imgs, dst):
+    _, s, d, _ = imgs[0]
+    migrate(src, dst, True, 2, "multifd")
+    check(files_equal(s, d), "images differ after the follow-up migration")
+
+
+@test
+def test_cancel_qmigd_to_qmigd():
+    with images(SIZE, "mixed") as imgs, peers("qmigd", "qmigd", imgs) as (src, dst):
+        begin(src, dst)
+        src.qmp.cmd("migrate_cancel")
+        info = wait_status(src, ("cancelled",), timeout=10, fail_on=("failed", "completed"))
+        check(set(info) == {"status"}, info)
+        check(src.qmp.cmd("query-status")["status"] == "running")
+        d = wait_status(dst, ("failed",), timeout=10, fail_on=("completed",))
+        check("error-desc" in d, d)
+        good_run(src, imgs, dst)
+
+
+@test
+def test_cancel_qmigd_to_qemu():
+    with images(SIZE, "mixed") as imgs, peers("qmigd", "qemu", imgs) as (src, dst):
+        begin(src, dst)
+        src.qmp.cmd("migrate_cancel")
+        wait_status(src, ("cancelled",), timeout=10, fail_on=("failed", "completed"))
+        # QEMU's destination exits after a failed load; a new one takes over.
+        dst2 = Peer("qemu", "dest", [(n, d, z) for n, _, d, z in imgs], "dst2")
+        try:
+            good_run(src, imgs, dst2)
+        finally:
+            dst2.stop()
+
+
+@test
+def test_cancel_qemu_to_qmigd():
+    with images(SIZE, "mixed") as imgs, peers("qemu", "qmigd", imgs) as (src, dst):
+        begin(src, dst)
+        src.qmp.cmd("migrate_cancel")
+        wait_status(src, ("cancelled",), timeout=10, fail_on=("failed", "completed"))
+        d = wait_status(dst, ("failed",), timeout=10, fail_on=("completed",))
+        check("error-desc" in d, d)
+        good_run(src, imgs, dst)
+
+
+@test
+def test_connection_refused():
+    with images(SIZE, "mixed") as imgs, peers("qmigd", "qmigd", imgs) as (src, dst):
+        port = free_port()
+        src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+        info = wait_status(src, ("failed",), timeout=10, fail_on=("completed",))
+        check(info["error-desc"] == f"Failed to connect to '127.0.0.1:{port}': Connection refused",
+              info)
+        good_run(src, imgs, dst)
+
+
+@test
+def test_destination_disappears():
+    with images(SIZE, "mixed") as imgs, peers("qmigd", "qmigd", imgs) as (src, dst):
+        begin(src, dst)
+        dst.stop()  # quit: the destination closes every channel
+        info = wait_status(src, ("failed",), timeout=10, fail_on=("completed",))
+        check("error-desc" in info, info)
+        check(src.qmp.cmd("query-status")["status"] == "running")
+        dst2 = Peer("qmigd", "dest", [(n, d, z) for n, _, d, z in imgs], "dst2")
+        try:
+            good_run(src, imgs, dst2)
+        finally:
+            dst2.stop()
+
+
+@test
+def test_source_disappears():
+    with images(SIZE, "mixed") as imgs, peers("qemu", "qmigd", imgs) as (src, dst):
+        begin(src, dst)
+        src.stop()
+        d = wait_status(dst, ("failed",), timeout=10, fail_on=("completed",))
+        check("error-desc" in d, d)
+        src2 = Peer("qmigd", "source", [(n, s, z) for n, s, _, z in imgs], "src2")
+        try:
+            good_run(src2, imgs, dst)
+        finally:
+            src2.stop()
+
+
+if __name__ == "__main__":
+    main()
