@@ -223,6 +223,8 @@ Status OutgoingMigration::Runner::send_dirty(bool until_done, bool *round_done)
             }
             bm[cur_word_] = 0;
             dirty_pages_ -= uint64_t(std::popcount(bits));
+            blocks_[cur_block_].image->prepare_read(cur_word_ * 64 * TARGET_PAGE_SIZE,
+                                                    64 * TARGET_PAGE_SIZE);
             while (bits) {
                 uint64_t page = cur_word_ * 64 + uint64_t(std::countr_zero(bits));
                 bits &= bits - 1;

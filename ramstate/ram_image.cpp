@@ -11,6 +11,9 @@
 
 #include "ramstate/zero_page.h"
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
@@ -19,9 +22,8 @@ namespace qmigd {
 
 namespace {
 
-// Pre-fault granularity on the receive side: big enough that one madvise
-// amortises, small enough not to populate much beyond the pages received.
-constexpr unsigned kPopulateChunkBits = 20; // 1 MiB
+// Pre-fault granularity on the send side: one madvise per 1 MiB.
+constexpr unsigned kPopulateChunkBits = 20;
 
 Error sys_error(const std::string &what, const std::string &path)
 {
@@ -85,16 +87,30 @@ RamImage::~RamImage()
     }
 }
 
-void RamImage::populate(uint64_t offset, uint64_t len)
+void RamImage::prepare_read(uint64_t offset, uint64_t len)
 {
-    // Best effort: on kernels without it the pages fault in one by one.
-    (void)madvise(base_ + offset, len, MADV_POPULATE_WRITE);
+    len = std::min(len, size_ - std::min(offset, size_));
+    if (len == 0) {
+        return;
+    }
+    for (uint64_t c = offset >> kPopulateChunkBits; c <= (offset + len - 1) >> kPopulateChunkBits;
+         c++) {
+        uint64_t bit = uint64_t(1) << (c % 64);
+        if (populated_[c / 64] & bit) {
+            continue;
+        }
+        populated_[c / 64] |= bit;
+        uint64_t start = c << kPopulateChunkBits;
+        // Best effort: without it the pages fault in one by one.
+        (void)madvise(base_ + start,
+                      std::min<uint64_t>(uint64_t(1) << kPopulateChunkBits, size_ - start),
+                      MADV_POPULATE_READ);
+    }
 }
 
 void RamImage::scan_holes()
 {
     known_zero_.assign((pages() + 63) / 64, 0);
-    std::fill(populated_.begin(), populated_.end(), 0);
     off_t pos = 0;
     while (uint64_t(pos) < size_) {
         off_t hole = lseek(fd_, pos, SEEK_HOLE);
@@ -125,25 +141,15 @@ bool RamImage::known_zero(uint64_t page) const
 
 void RamImage::prepare_write(uint64_t offset, uint64_t len)
 {
-    uint64_t first = offset >> TARGET_PAGE_BITS;
-    uint64_t last = (offset + len - 1) >> TARGET_PAGE_BITS;
     if (!known_zero_.empty()) {
-        for (uint64_t pg = first; pg <= last; pg++) {
+        for (uint64_t pg = offset >> TARGET_PAGE_BITS; pg <= (offset + len - 1) >> TARGET_PAGE_BITS;
+             pg++) {
             word_ref(known_zero_, pg).fetch_and(~(uint64_t(1) << (pg % 64)),
                                                 std::memory_order_relaxed);
         }
     }
-    for (uint64_t c = offset >> kPopulateChunkBits; c <= (offset + len - 1) >> kPopulateChunkBits;
-         c++) {
-        uint64_t bit = uint64_t(1) << (c % 64);
-        if (word_ref(populated_, c).load(std::memory_order_relaxed) & bit) {
-            continue;
-        }
-        if (!(word_ref(populated_, c).fetch_or(bit, std::memory_order_relaxed) & bit)) {
-            uint64_t start = c << kPopulateChunkBits;
-            populate(start, std::min<uint64_t>(uint64_t(1) << kPopulateChunkBits, size_ - start));
-        }
-    }
+    // Best effort, as above.
+    (void)madvise(base_ + offset, len, MADV_POPULATE_WRITE);
 }
 
 void RamImage::zero_page(uint64_t offset)
