@@ -21,15 +21,13 @@ public:
         : blocks_(blocks), sync_(sync)
     {
     }
-    uint8_t *page_host(size_t block, uint64_t offset) override
+    Status put_page(size_t block, uint64_t offset, const uint8_t *data) override
     {
-        RamImage &img = *blocks_[block].image;
-        img.prepare_write(offset, TARGET_PAGE_SIZE);
-        return img.host(offset);
+        return blocks_[block].image->write(offset, data, TARGET_PAGE_SIZE);
     }
-    void zero_page(size_t block, uint64_t offset) override
+    Status zero_page(size_t block, uint64_t offset) override
     {
-        blocks_[block].image->zero_page(offset);
+        return blocks_[block].image->zero_page(offset);
     }
     Status multifd_flush() override
     {
@@ -230,11 +228,34 @@ void IncomingMigration::abort_with(const Error &err)
     }
 }
 
+// Writes the packet's pages: zero pages made zero, then the data (read
+// into `buf` in offset order) one pwrite per run of consecutive pages.
+static Status apply_packet(RamImage &img, const MultiFDPacket &p, const uint8_t *buf)
+{
+    for (uint32_t i = 0; i < p.zero_pages; i++) {
+        QMIGD_TRY(img.zero_page(p.offsets[p.normal_pages + i]));
+    }
+    uint32_t i = 0;
+    while (i < p.normal_pages) {
+        uint32_t run = 1;
+        while (i + run < p.normal_pages &&
+               p.offsets[i + run] == p.offsets[i] + run * TARGET_PAGE_SIZE) {
+            run++;
+        }
+        QMIGD_TRY(img.write(p.offsets[i], buf + size_t(i) * TARGET_PAGE_SIZE,
+                            size_t(run) * TARGET_PAGE_SIZE));
+        i += run;
+    }
+    return {};
+}
+
 void IncomingMigration::recv_thread_main(size_t id)
 {
     const int fd = multifd_[id]->fd;
     uint8_t header[MULTIFD_PACKET_HEADER_SIZE];
-    struct iovec iov[MULTIFD_PACKET_PAGES];
+    // Page data lands here first: a reused, already-mapped buffer (see
+    // RamImage::write for why not the image mapping).
+    std::unique_ptr<uint8_t[]> buf(new uint8_t[MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE]);
     for (;;) {
         auto got = read_full(fd, header, sizeof(header));
         if (!got || *got == 0) {
@@ -244,31 +265,17 @@ void IncomingMigration::recv_thread_main(size_t id)
             break; // EOF at a packet boundary: the source is done with us
         }
         auto p = multifd_packet_decode(header, load_cfg_.blocks);
-        if (!p) {
-            abort_with(Error(p.error()).prepend(fmt::format("multifd channel {}: ", id)));
-            break;
+        Status st = p.status();
+        if (st && p->normal_pages) {
+            auto r = read_full(fd, buf.get(), p->data_bytes());
+            st = !r ? r.status()
+                 : *r == 0 ? Status(Error("unexpected end of stream in the middle of a packet"))
+                           : Status();
         }
-        RamImage &img = *blocks_[p->block].image;
-        for (uint32_t i = 0; i < p->zero_pages; i++) {
-            img.zero_page(p->offsets[p->normal_pages + i]);
+        if (st) {
+            st = apply_packet(*blocks_[p->block].image, *p, buf.get());
         }
-        // One iovec per run of consecutive pages: a sender that scans in
-        // order gives one readv per packet.
-        int n = 0;
-        for (uint32_t i = 0; i < p->normal_pages; i++) {
-            uint64_t off = p->offsets[i];
-            if (n > 0 && static_cast<uint8_t *>(iov[n - 1].iov_base) + iov[n - 1].iov_len ==
-                             img.host(off)) {
-                iov[n - 1].iov_len += TARGET_PAGE_SIZE;
-            } else {
-                iov[n++] = {img.host(off), TARGET_PAGE_SIZE};
-            }
-        }
-        for (int k = 0; k < n; k++) {
-            img.prepare_write(uint64_t(static_cast<uint8_t *>(iov[k].iov_base) - img.host(0)),
-                              iov[k].iov_len);
-        }
-        if (auto st = readv_full(fd, iov, n); !st) {
+        if (!st) {
             abort_with(Error(st.error()).prepend(fmt::format("multifd channel {}: ", id)));
             break;
         }

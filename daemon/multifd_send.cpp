@@ -150,6 +150,24 @@ Status MultiFDSend::sync()
     return {};
 }
 
+// Reads the batch's pages into ch.data (slot i = page i), one pread per run
+// of consecutive offsets.
+static Status read_pages(const RamImage &img, const MultiFDPages &pages, uint8_t *data)
+{
+    uint32_t i = 0;
+    while (i < pages.num) {
+        uint32_t run = 1;
+        while (i + run < pages.num &&
+               pages.offset[i + run] == pages.offset[i] + run * TARGET_PAGE_SIZE) {
+            run++;
+        }
+        QMIGD_TRY(img.read(pages.offset[i], data + size_t(i) * TARGET_PAGE_SIZE,
+                           size_t(run) * TARGET_PAGE_SIZE));
+        i += run;
+    }
+    return {};
+}
+
 Status MultiFDSend::send_packet(Channel &ch, const MultiFDPages *pages, uint32_t flags)
 {
     uint8_t header[MULTIFD_PACKET_HEADER_SIZE];
@@ -157,16 +175,24 @@ Status MultiFDSend::send_packet(Channel &ch, const MultiFDPages *pages, uint32_t
     struct iovec iov[1 + MULTIFD_PACKET_PAGES];
     uint32_t normal = 0, zero = 0, num = pages ? pages->num : 0;
     const RAMBlock *block = num ? &blocks_[pages->block] : nullptr;
+    int n = 0;
+    iov[n++] = {header, sizeof(header)};
 
     // Normal pages first, zero pages after them, each in scan order.
     if (num) {
+        QMIGD_TRY(read_pages(*block->image, *pages, ch.data.get()));
         uint64_t zeros[MULTIFD_PACKET_PAGES];
         for (uint32_t i = 0; i < num; i++) {
-            uint64_t off = pages->offset[i];
-            if (detect_zero_ && buffer_is_zero_page(block->image->host(off))) {
-                zeros[zero++] = off;
+            uint8_t *page = ch.data.get() + size_t(i) * TARGET_PAGE_SIZE;
+            if (detect_zero_ && buffer_is_zero_page(page)) {
+                zeros[zero++] = pages->offset[i];
+                continue;
+            }
+            offsets[normal++] = pages->offset[i];
+            if (n > 1 && static_cast<uint8_t *>(iov[n - 1].iov_base) + iov[n - 1].iov_len == page) {
+                iov[n - 1].iov_len += TARGET_PAGE_SIZE;
             } else {
-                offsets[normal++] = off;
+                iov[n++] = {page, TARGET_PAGE_SIZE};
             }
         }
         std::copy(zeros, zeros + zero, offsets + normal);
@@ -174,16 +200,6 @@ Status MultiFDSend::send_packet(Channel &ch, const MultiFDPages *pages, uint32_t
     multifd_packet_encode(header, flags, packet_num_.fetch_add(1, std::memory_order_relaxed),
                           block ? std::string_view(block->desc.idstr) : std::string_view(),
                           offsets, normal, zero);
-    int n = 0;
-    iov[n++] = {header, sizeof(header)};
-    for (uint32_t i = 0; i < normal; i++) {
-        uint8_t *host = block->image->host(offsets[i]);
-        if (n > 1 && static_cast<uint8_t *>(iov[n - 1].iov_base) + iov[n - 1].iov_len == host) {
-            iov[n - 1].iov_len += TARGET_PAGE_SIZE;
-        } else {
-            iov[n++] = {host, TARGET_PAGE_SIZE};
-        }
-    }
     QMIGD_TRY(writev_full(ch.fd, iov, n));
     ch.bytes.fetch_add(sizeof(header) + uint64_t(normal) * TARGET_PAGE_SIZE,
                        std::memory_order_relaxed);

@@ -5,7 +5,8 @@
 // batches, one RAMBlock each) and hands a full batch to an idle channel by
 // swapping buffers; the channel thread detects zero pages (zero-page-
 // detection=multifd), builds the 1344-byte header and sends header + pages
-// with one writev straight from the mapped image.
+// with one writev. Pages are read from the image with pread into the
+// channel's buffer (see RamImage::write for why not through the mapping).
 #pragma once
 
 #include <atomic>
@@ -66,6 +67,8 @@ private:
         uint64_t syncs_done = 0;
         // Owned by the channel thread while pending_job, else by main.
         std::unique_ptr<MultiFDPages> pages = std::make_unique<MultiFDPages>();
+        // Channel thread only: the packet's page data.
+        std::unique_ptr<uint8_t[]> data{new uint8_t[MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE]};
         // Written by the channel thread, read by query.
         std::atomic<uint64_t> bytes{0};
         std::atomic<uint64_t> normal{0};

@@ -86,6 +86,7 @@ private:
     size_t cur_word_ = 0;
     bool downtime_ = false; // VM stopped: records count as downtime bytes
     uint64_t legacy_normal_ = 0, legacy_zero_ = 0;
+    alignas(64) uint8_t page_[TARGET_PAGE_SIZE]; // main-thread page reads
     // Rate limit: bytes actually written (main + multifd) may not run ahead
     // of max-bandwidth x time since the reference point. Measuring what was
     // written, not what was queued, keeps the long-run rate exact even though
@@ -187,21 +188,20 @@ Status OutgoingMigration::Runner::send_page(size_t block, uint64_t page)
 {
     RAMBlock &b = blocks_[block];
     uint64_t offset = page << TARGET_PAGE_BITS;
-    const uint8_t *host = b.image->host(offset);
-    auto &counter = downtime_ ? m_.stats_->downtime_bytes : m_.stats_->precopy_bytes;
-
     if (multifd_ && p_.zpd != ZeroPageDetection::Legacy) {
         return multifd_->queue_page(block, offset);
     }
-    bool check = p_.zpd != ZeroPageDetection::None;
-    if (check && buffer_is_zero_page(host)) {
+    // Main-thread paths: plain precopy, and legacy zero-page detection.
+    QMIGD_TRY(b.image->read(offset, page_, TARGET_PAGE_SIZE));
+    auto &counter = downtime_ ? m_.stats_->downtime_bytes : m_.stats_->precopy_bytes;
+    if (p_.zpd != ZeroPageDetection::None && buffer_is_zero_page(page_)) {
         counter += records_.put_zero_page(out_.w(), b.desc, offset);
         legacy_zero_++;
     } else if (multifd_) {
         return multifd_->queue_page(block, offset);
     } else {
         counter += records_.put_page_header(out_.w(), b.desc, offset) + TARGET_PAGE_SIZE;
-        out_.add_page(host, TARGET_PAGE_SIZE);
+        out_.w().bytes(page_, TARGET_PAGE_SIZE);
         legacy_normal_++;
     }
     return out_.maybe_flush();
@@ -223,8 +223,6 @@ Status OutgoingMigration::Runner::send_dirty(bool until_done, bool *round_done)
             }
             bm[cur_word_] = 0;
             dirty_pages_ -= uint64_t(std::popcount(bits));
-            blocks_[cur_block_].image->prepare_read(cur_word_ * 64 * TARGET_PAGE_SIZE,
-                                                    64 * TARGET_PAGE_SIZE);
             while (bits) {
                 uint64_t page = cur_word_ * 64 + uint64_t(std::countr_zero(bits));
                 bits &= bits - 1;

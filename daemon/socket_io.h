@@ -36,8 +36,6 @@ Result<int> read_full(int fd, void *buf, size_t n);
 // Writes the whole iovec array (modifies it). EINTR and partial writes handled.
 Status writev_full(int fd, struct iovec *iov, int count);
 Status write_full(int fd, const void *buf, size_t n);
-// Reads into the listed buffers until all are full (readv + partial reads).
-Status readv_full(int fd, struct iovec *iov, int count);
 // Wakes a thread blocked on fd (shutdown both directions); idempotent.
 void shutdown_fd(int fd);
 // Makes a dup of a libuv-owned socket that blocks, with TCP_NODELAY.

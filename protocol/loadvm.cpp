@@ -67,6 +67,7 @@ private:
     // sections (ram.c keeps it in a static for the same reason).
     std::optional<size_t> last_block_;
     LoadvmResult result_;
+    alignas(64) uint8_t page_[TARGET_PAGE_SIZE];
 };
 
 Status Loader::load_header()
@@ -357,11 +358,12 @@ Status Loader::ram_load(uint8_t type)
                 if (ch != 0) {
                     return fail(fmt::format("Found a zero page with value {}", ch));
                 }
-                h_.zero_page(*block, addr);
+                QMIGD_TRY(h_.zero_page(*block, addr));
                 result_.zero_pages++;
             } else {
-                f_.get_buffer(h_.page_host(*block, addr), TARGET_PAGE_SIZE);
+                f_.get_buffer(page_, TARGET_PAGE_SIZE);
                 QMIGD_TRY(stream_status());
+                QMIGD_TRY(h_.put_page(*block, addr, page_));
                 result_.normal_pages++;
             }
             break;

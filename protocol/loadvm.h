@@ -29,10 +29,10 @@ struct LoadvmConfig {
 class LoadvmHandler {
 public:
     virtual ~LoadvmHandler() = default;
-    // Host address of a page the loader is about to fill with 4096 bytes.
-    virtual uint8_t *page_host(size_t block, uint64_t offset) = 0;
+    // A page's 4096 bytes arrived for (block, offset).
+    virtual Status put_page(size_t block, uint64_t offset, const uint8_t *data) = 0;
     // The page must read as zeros afterwards.
-    virtual void zero_page(size_t block, uint64_t offset) = 0;
+    virtual Status zero_page(size_t block, uint64_t offset) = 0;
     // MULTIFD_FLUSH: wait until every multifd channel has delivered all
     // pages sent before this point (one more SYNC each).
     virtual Status multifd_flush() = 0;

@@ -11,19 +11,10 @@
 
 #include "ramstate/zero_page.h"
 
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22
-#endif
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
 
 namespace qmigd {
 
 namespace {
-
-// Pre-fault granularity on the send side: one madvise per 1 MiB.
-constexpr unsigned kPopulateChunkBits = 20;
 
 Error sys_error(const std::string &what, const std::string &path)
 {
@@ -73,7 +64,6 @@ Result<std::unique_ptr<RamImage>> RamImage::open(const std::string &path, uint64
         return sys_error("cannot map RAM image", path);
     }
     img->base_ = static_cast<uint8_t *>(p);
-    img->populated_.assign(((size >> kPopulateChunkBits) + 64) / 64, 0);
     return img;
 }
 
@@ -87,25 +77,49 @@ RamImage::~RamImage()
     }
 }
 
-void RamImage::prepare_read(uint64_t offset, uint64_t len)
+Status RamImage::read(uint64_t offset, void *dst, size_t len) const
 {
-    len = std::min(len, size_ - std::min(offset, size_));
-    if (len == 0) {
-        return;
-    }
-    for (uint64_t c = offset >> kPopulateChunkBits; c <= (offset + len - 1) >> kPopulateChunkBits;
-         c++) {
-        uint64_t bit = uint64_t(1) << (c % 64);
-        if (populated_[c / 64] & bit) {
+    auto *out = static_cast<uint8_t *>(dst);
+    while (len > 0) {
+        ssize_t n = pread(fd_, out, len, off_t(offset));
+        if (n < 0 && errno == EINTR) {
             continue;
         }
-        populated_[c / 64] |= bit;
-        uint64_t start = c << kPopulateChunkBits;
-        // Best effort: without it the pages fault in one by one.
-        (void)madvise(base_ + start,
-                      std::min<uint64_t>(uint64_t(1) << kPopulateChunkBits, size_ - start),
-                      MADV_POPULATE_READ);
+        if (n <= 0) {
+            return Error(fmt::format("read of RAM image '{}' at 0x{:x} failed: {}", path_, offset,
+                                     n < 0 ? std::strerror(errno) : "end of file"));
+        }
+        out += n;
+        offset += uint64_t(n);
+        len -= size_t(n);
     }
+    return {};
+}
+
+Status RamImage::write(uint64_t offset, const void *src, size_t len)
+{
+    if (!known_zero_.empty()) {
+        for (uint64_t pg = offset >> TARGET_PAGE_BITS; pg <= (offset + len - 1) >> TARGET_PAGE_BITS;
+             pg++) {
+            word_ref(known_zero_, pg).fetch_and(~(uint64_t(1) << (pg % 64)),
+                                                std::memory_order_relaxed);
+        }
+    }
+    auto *in = static_cast<const uint8_t *>(src);
+    while (len > 0) {
+        ssize_t n = pwrite(fd_, in, len, off_t(offset));
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            return Error(fmt::format("write of RAM image '{}' at 0x{:x} failed: {}", path_, offset,
+                                     n < 0 ? std::strerror(errno) : "no space"));
+        }
+        in += n;
+        offset += uint64_t(n);
+        len -= size_t(n);
+    }
+    return {};
 }
 
 void RamImage::scan_holes()
@@ -139,28 +153,23 @@ bool RamImage::known_zero(uint64_t page) const
     return w & (uint64_t(1) << (page % 64));
 }
 
-void RamImage::prepare_write(uint64_t offset, uint64_t len)
-{
-    if (!known_zero_.empty()) {
-        for (uint64_t pg = offset >> TARGET_PAGE_BITS; pg <= (offset + len - 1) >> TARGET_PAGE_BITS;
-             pg++) {
-            word_ref(known_zero_, pg).fetch_and(~(uint64_t(1) << (pg % 64)),
-                                                std::memory_order_relaxed);
-        }
-    }
-    // Best effort, as above.
-    (void)madvise(base_ + offset, len, MADV_POPULATE_WRITE);
-}
-
-void RamImage::zero_page(uint64_t offset)
+Status RamImage::zero_page(uint64_t offset)
 {
     if (known_zero(offset >> TARGET_PAGE_BITS)) {
-        return;
+        return {};
     }
-    uint8_t *p = host(offset);
-    if (!buffer_is_zero_page(p)) {
-        std::memset(p, 0, TARGET_PAGE_SIZE);
+    alignas(64) uint8_t page[TARGET_PAGE_SIZE];
+    QMIGD_TRY(read(offset, page, sizeof(page)));
+    if (buffer_is_zero_page(page)) {
+        return {};
     }
+    if (fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(offset),
+                  off_t(TARGET_PAGE_SIZE)) == 0) {
+        return {};
+    }
+    // No hole punching on this file system: write the zeros.
+    std::memset(page, 0, sizeof(page));
+    return write(offset, page, sizeof(page));
 }
 
 } // namespace qmigd

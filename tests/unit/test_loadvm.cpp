@@ -17,16 +17,18 @@ constexpr uint64_t kBlockSize = 16 * TARGET_PAGE_SIZE;
 struct FakeRam : LoadvmHandler {
     std::vector<uint8_t> ram = std::vector<uint8_t>(kBlockSize, 0xAA);
     int flushes = 0;
-    uint8_t *page_host(size_t block, uint64_t offset) override
+    Status put_page(size_t block, uint64_t offset, const uint8_t *data) override
     {
         REQUIRE(block == 0);
         REQUIRE(offset + TARGET_PAGE_SIZE <= ram.size());
-        return ram.data() + offset;
+        std::memcpy(ram.data() + offset, data, TARGET_PAGE_SIZE);
+        return {};
     }
-    void zero_page(size_t, uint64_t offset) override
+    Status zero_page(size_t, uint64_t offset) override
     {
         REQUIRE(offset + TARGET_PAGE_SIZE <= ram.size());
         std::memset(ram.data() + offset, 0, TARGET_PAGE_SIZE);
+        return {};
     }
     Status multifd_flush() override
     {

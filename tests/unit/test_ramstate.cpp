@@ -54,14 +54,22 @@ TEST_CASE("RAM image: create, size checks, holes and zero pages", "[ram_image]")
     r.scan_holes();
     CHECK(r.known_zero(0));
     CHECK_FALSE(r.known_zero(3));
-    r.zero_page(3 * TARGET_PAGE_SIZE);
+    REQUIRE(r.zero_page(3 * TARGET_PAGE_SIZE).ok());
     CHECK(r.host(3 * TARGET_PAGE_SIZE)[5] == 0);
     // A page written after the scan stops being "known zero".
-    r.prepare_write(0, TARGET_PAGE_SIZE);
-    r.host(0)[0] = 1;
+    std::vector<uint8_t> ones(2 * TARGET_PAGE_SIZE, 1);
+    REQUIRE(r.write(0, ones.data(), ones.size()).ok());
     CHECK_FALSE(r.known_zero(0));
-    r.zero_page(0);
+    CHECK_FALSE(r.known_zero(1));
+    CHECK(r.known_zero(2));
+    CHECK(r.host(TARGET_PAGE_SIZE + 4095)[0] == 1); // the mapping sees file writes
+    REQUIRE(r.zero_page(0).ok());
     CHECK(r.host(0)[0] == 0);
+    CHECK(r.host(TARGET_PAGE_SIZE)[0] == 1);
+    std::vector<uint8_t> back(TARGET_PAGE_SIZE);
+    REQUIRE(r.read(TARGET_PAGE_SIZE, back.data(), back.size()).ok());
+    CHECK(back[4095] == 1);
+    CHECK_FALSE(r.read(8 * TARGET_PAGE_SIZE, back.data(), 1).ok()); // past the end
 
     CHECK_FALSE(RamImage::open(u.path, 4 * TARGET_PAGE_SIZE).ok()); // file larger than size
     CHECK_FALSE(RamImage::open(u.path, 4097).ok());                 // not page aligned
