@@ -79,10 +79,10 @@ void MultiFDSend::shutdown()
 
 Status MultiFDSend::queue_page(size_t block, uint64_t offset)
 {
-    MultiFDPages &p = *pending_;
-    if (p.num > 0 && p.block != block) {
-        QMIGD_TRY(send_pending());
+    if (pending_->num > 0 && pending_->block != block) {
+        QMIGD_TRY(send_pending()); // swaps pending_ with an idle channel's buffer
     }
+    MultiFDPages &p = *pending_;
     p.block = block;
     p.offset[p.num++] = offset;
     if (p.num == MULTIFD_PACKET_PAGES) {

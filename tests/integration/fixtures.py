@@ -3,7 +3,10 @@ import contextlib
 import os
 import shutil
 
+import time
+
 from runner import Peer, make_image, migrate, files_equal, remove, unique_name, PAGE
+from runner import start_incoming, wait_status
 from itest import check
 
 MiB = 1 << 20
@@ -68,3 +71,23 @@ def run_cell(src_kind, dst_kind, size, content, multifd, channels, zpd, dest="fr
         for name, sp, dp, _ in imgs:
             check(files_equal(sp, dp), f"RAM block {name} differs after migration")
         return src_info
+
+
+SLOW = 32 * MiB  # max-bandwidth that makes a 64 MiB migration take ~2 s
+
+
+def begin(src, dst, bandwidth=SLOW):
+    """Starts a slow multifd migration and returns once it is active."""
+    src.set_migration(True, 2, "multifd", bandwidth)
+    dst.set_migration(True, 2)
+    port = start_incoming(dst)
+    src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+    wait_status(src, ("active",), timeout=10)
+    time.sleep(0.4)
+
+
+def good_run(src, imgs, dst):
+    """A full migration that must leave identical images."""
+    _, s, d, _ = imgs[0]
+    migrate(src, dst, True, 2, "multifd")
+    check(files_equal(s, d), "images differ after the follow-up migration")

@@ -4,26 +4,10 @@ migration on the same daemons."""
 import time
 
 from itest import test, main, check
-from fixtures import images, peers, MiB
-from runner import Peer, start_incoming, wait_status, files_equal, migrate, free_port
+from fixtures import images, peers, begin, good_run, MiB
+from runner import Peer, wait_status, free_port
 
 SIZE = 64 * MiB
-SLOW = 32 * MiB  # max-bandwidth that makes a 64 MiB migration take ~2 s
-
-
-def begin(src, dst, bandwidth=SLOW):
-    src.set_migration(True, 2, "multifd", bandwidth)
-    dst.set_migration(True, 2)
-    port = start_incoming(dst)
-    src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
-    wait_status(src, ("active",), timeout=10)
-    time.sleep(0.4)
-
-
-def good_run(src, imgs, dst):
-    _, s, d, _ = imgs[0]
-    migrate(src, dst, True, 2, "multifd")
-    check(files_equal(s, d), "images differ after the follow-up migration")
 
 
 @test
