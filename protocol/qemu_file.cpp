@@ -131,6 +131,9 @@ int QEMUFileReader::peek_byte()
 ssize_t MemoryInputStream::read_some(void *dst, size_t n, std::string *)
 {
     size_t k = std::min(n, left_);
+    if (k == 0) {
+        return 0;
+    }
     std::memcpy(dst, p_, k);
     p_ += k;
     left_ -= k;

@@ -85,11 +85,27 @@ class Peer:
                 self.proc.send_signal(signal.SIGKILL)
                 self.proc.wait()
         self.log.close()
-        for p in (self.qmp_path,):
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
+        try:
+            os.unlink(self.qmp_path)
+        except OSError:
+            pass
+        if self.kind == "qmigd":
+            self.check_clean_exit()
+
+    SANITIZER_MARKS = ("ERROR: AddressSanitizer", "WARNING: ThreadSanitizer",
+                       "ERROR: LeakSanitizer", "runtime error:")
+
+    def check_clean_exit(self):
+        """A qmigd must exit 0 on quit with no sanitizer report in its log."""
+        text = self.log_text()
+        for mark in self.SANITIZER_MARKS:
+            at = text.find(mark)
+            if at >= 0:
+                raise AssertionError(f"qmigd {self.role} sanitizer report in {self.log_path}:\n"
+                                     + text[max(0, at - 200):at + 3000])
+        if self.proc.returncode not in (0, -signal.SIGKILL):
+            raise AssertionError(f"qmigd {self.role} exited with {self.proc.returncode}; "
+                                 f"log {self.log_path}")
 
     def log_text(self):
         with open(self.log_path) as f:

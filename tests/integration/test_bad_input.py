@@ -32,8 +32,12 @@ class Harness:
         """Arms the dest, lets `send(port)` misbehave, checks failure, then a good run."""
         self.dst.set_migration(multifd, channels)
         port = start_incoming(self.dst)
-        send(port)
+        held = send(port)
         info = wait_status(self.dst, ("failed",), timeout=20, fail_on=("completed",))
+        # Sockets a case keeps open close only now, so the failure under test
+        # is not raced by an end-of-stream on another channel.
+        for sock in held if isinstance(held, list) else []:
+            sock.close()
         desc = info.get("error-desc", "")
         check(expect in desc, f"error-desc {desc!r} lacks {expect!r}")
         check("socket-address" not in info or info["status"] == "failed")
@@ -112,14 +116,17 @@ case("closed_before_identifying", True, 2, lambda p: connect(p, b"QE"),
      "closed before it identified itself")
 
 
-def multifd_then(p, channels, packets, main_extra=b""):
-    """Connects main + channels; sends packets on channel 0; keeps main open."""
+def multifd_then(p, channels, packets, main_extra=b"", close_channels=False):
+    """Connects main + channels, sends packets on channel 0; returns the
+    sockets still open (closed by the harness once the failure is seen)."""
     m = connect(p, good_start + main_extra, close=False)
     socks = [connect(p, wire.multifd_init(i), close=False) for i in range(channels)]
     socks[0].sendall(packets)
-    time.sleep(0.3)
-    for s in socks + [m]:
-        s.close()
+    if close_channels:
+        for s in socks:
+            s.close()
+        return [m]
+    return socks + [m]
 
 
 case("multifd_uuid_mismatch", True, 2, lambda p: connect(p, wire.multifd_init(0, b"\1" * 16)),
@@ -142,7 +149,8 @@ case("multifd_unknown_block", True, 2,
      lambda p: multifd_then(p, 2, wire.multifd_packet([0], 1, block="nosuch")),
      "multifd: unknown ram block nosuch")
 case("multifd_truncated_packet", True, 2,
-     lambda p: multifd_then(p, 2, wire.multifd_packet([0, 4096], 2) + b"\1" * 5000),
+     lambda p: multifd_then(p, 2, wire.multifd_packet([0, 4096], 2) + b"\1" * 5000,
+                            close_channels=True),
      "unexpected end of stream in the middle of a packet")
 case("multifd_bad_magic_packet", True, 2,
      lambda p: multifd_then(p, 2, b"\0" * 1344),
@@ -154,7 +162,7 @@ case("more_channels_than_configured", True, 2,
      lambda p: (multifd_then(p, 3, b"")),
      "more channels than configured")
 case("flush_waits_for_a_closed_channel", True, 2,
-     lambda p: multifd_then(p, 2, b"", wire.part() + wire.flag(wire.FLUSH)),
+     lambda p: multifd_then(p, 2, b"", wire.part() + wire.flag(wire.FLUSH), close_channels=True),
      "closed before sync point")
 
 
