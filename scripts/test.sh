@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test through ctest.
-# QMIGD_SANITIZE=address|thread also builds and runs the unit and loopback
-# tests under that sanitizer (build-asan / build-tsan).
+# Then builds with each sanitizer in QMIGD_SANITIZE (default in CI:
+# "address thread"; locally: none) and runs the tests labelled `sanitizer`
+# (unit, loopback, bad input) under it, in build-asan / build-tsan.
 set -euo pipefail
+if [ "${CI:-}" = true ]; then
+    : "${QMIGD_SANITIZE=address thread}"
+fi
 cd "$(dirname "$0")/.."
 
 ./scripts/install-deps.sh
@@ -15,6 +19,6 @@ for san in ${QMIGD_SANITIZE:-}; do
     [ "$san" = address ] && dir=build-asan
     [ "$san" = thread ] && dir=build-tsan
     cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQMIGD_SANITIZE="$san" >/dev/null
-    cmake --build "$dir" -j"$(nproc)"
+    cmake --build "$dir" -j"$(nproc)" >"$dir/build.log" 2>&1 || { cat "$dir/build.log"; exit 1; }
     (cd "$dir" && ctest --output-on-failure -L sanitizer)
 done
