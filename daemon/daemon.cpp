@@ -39,6 +39,9 @@ void Daemon::on_migration_status(MigrationStatus s)
         }
     } else if (s == MigrationStatus::Completed) {
         runstate_ = incoming_->runstate();
+        if (runstate_ == "running" && !autostart_) {
+            runstate_ = "paused";
+        }
         if (runstate_ == "running") {
             qmp_->emit_event("RESUME");
         }
@@ -62,9 +65,6 @@ json Daemon::query_status() const
 
 QmpResult Daemon::cmd_migrate(const json &args)
 {
-    if (auto e = qmp_check_members(args, {"uri", "channels", "detach", "resume", "blk", "inc"})) {
-        return *e;
-    }
     if (opts_.role == Role::Destination) {
         return qmp_error("Guest is waiting for an incoming migration");
     }
@@ -128,9 +128,6 @@ QmpResult Daemon::start_incoming(const std::string &uri)
 
 QmpResult Daemon::cmd_migrate_incoming(const json &args)
 {
-    if (auto e = qmp_check_members(args, {"uri", "channels", "exit-on-error"})) {
-        return *e;
-    }
     if (opts_.role == Role::Source) {
         return qmp_error("'-incoming' was not specified on the command line");
     }
@@ -151,26 +148,26 @@ QmpResult Daemon::cmd_migrate_incoming(const json &args)
 void Daemon::register_migration_commands()
 {
     QmpServer &q = *qmp_;
-    q.register_command("migrate", [this](const json &a) { return cmd_migrate(a); });
-    q.register_command("migrate-incoming",
+    using Members = std::vector<std::string>;
+    const Members none;
+    q.register_command("migrate", Members{"uri", "channels", "detach", "resume"},
+                       [this](const json &a) { return cmd_migrate(a); });
+    q.register_command("migrate-incoming", Members{"uri", "channels", "exit-on-error"},
                        [this](const json &a) { return cmd_migrate_incoming(a); });
-    q.register_command("migrate_cancel", [this](const json &a) -> QmpResult {
-        if (auto e = qmp_check_members(a, {})) {
-            return *e;
-        }
+    q.register_command("migrate_cancel", none, [this](const json &) -> QmpResult {
         if (outgoing_) {
             outgoing_->cancel();
         }
         return json::object();
     });
-    q.register_command("query-migrate", [this](const json &) -> QmpResult {
+    q.register_command("query-migrate", none, [this](const json &) -> QmpResult {
         return incoming_ ? incoming_->query() : outgoing_->query();
     });
-    q.register_command("query-migrate-capabilities",
+    q.register_command("query-migrate-capabilities", none,
                        [this](const json &) -> QmpResult { return config_.capabilities(); });
-    q.register_command("query-migrate-parameters",
+    q.register_command("query-migrate-parameters", none,
                        [this](const json &) -> QmpResult { return config_.parameters(); });
-    q.register_command("migrate-set-capabilities", [this](const json &a) -> QmpResult {
+    q.register_command("migrate-set-capabilities", Members{"capabilities"}, [this](const json &a) -> QmpResult {
         if (migration_is_running(migration_status())) {
             return qmp_error(opts_.role == Role::Destination
                                  ? "Multifd must be set before incoming starts"
@@ -181,7 +178,8 @@ void Daemon::register_migration_commands()
         }
         return json::object();
     });
-    q.register_command("migrate-set-parameters", [this](const json &a) -> QmpResult {
+    // Parameters are checked one by one, with QEMU's texts, by MigrationConfig.
+    q.register_command("migrate-set-parameters", std::nullopt, [this](const json &a) -> QmpResult {
         if (auto e = config_.set_parameters(a)) {
             return *e;
         }
@@ -195,28 +193,34 @@ void Daemon::register_migration_commands()
 void Daemon::register_vm_commands()
 {
     QmpServer &q = *qmp_;
-    q.register_command("query-status", [this](const json &) -> QmpResult { return query_status(); });
-    q.register_command("query-version", [](const json &) -> QmpResult {
+    const std::vector<std::string> none;
+    q.register_command("query-status", none, [this](const json &) -> QmpResult { return query_status(); });
+    q.register_command("query-version", none, [](const json &) -> QmpResult {
         return json{{"qemu", {{"micro", 2}, {"minor", 0}, {"major", 10}}},
                     {"package", "qmigd " QMIGD_VERSION}};
     });
-    q.register_command("query-commands", [this](const json &) -> QmpResult {
+    q.register_command("query-commands", none, [this](const json &) -> QmpResult {
         json list = json::array({{{"name", "qmp_capabilities"}}});
         for (const auto &n : qmp_->command_names()) {
             list.push_back({{"name", n}});
         }
         return list;
     });
-    q.register_command("stop", [this](const json &) -> QmpResult {
+    q.register_command("stop", none, [this](const json &) -> QmpResult {
+        if (runstate_ == "inmigrate") { // as QEMU: do not start after the migration
+            autostart_ = false;
+            return json::object();
+        }
         if (runstate_ == "running") {
             runstate_ = "paused";
             qmp_->emit_event("STOP");
         }
         return json::object();
     });
-    q.register_command("cont", [this](const json &) -> QmpResult {
-        if (runstate_ == "inmigrate") {
-            return qmp_error("Migration is not finalized yet");
+    q.register_command("cont", none, [this](const json &) -> QmpResult {
+        if (runstate_ == "inmigrate") { // as QEMU: start once the migration is in
+            autostart_ = true;
+            return json::object();
         }
         if (runstate_ != "running") {
             runstate_ = "running";
@@ -224,7 +228,7 @@ void Daemon::register_vm_commands()
         }
         return json::object();
     });
-    q.register_command("quit", [this](const json &) -> QmpResult {
+    q.register_command("quit", none, [this](const json &) -> QmpResult {
         // Reply first; shut down on the next loop turn.
         dispatcher_->post([this] { shutdown(); });
         return json::object();

@@ -58,6 +58,7 @@ private:
     std::unique_ptr<IncomingMigration> incoming_;
     std::unique_ptr<OutgoingMigration> outgoing_;
     std::string runstate_; // QAPI RunState of this "VM"
+    bool autostart_ = true; // destination: run once the migration is in
     uv_signal_t sigint_, sigterm_;
     bool shutting_down_ = false;
 };

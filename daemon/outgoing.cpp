@@ -313,11 +313,17 @@ Status OutgoingMigration::Runner::iterate()
     update_start_ = Clock::now();
     update_bytes_ = transferred();
     for (;;) {
-        if (dirty_pages_ * TARGET_PAGE_SIZE <= threshold_) {
+        // As QEMU 10: sync for the exact figure only when the estimate is
+        // under the threshold; switch over when nothing is left or it is
+        // under the threshold. (Nothing left before the first bandwidth
+        // measurement switches over without a sync: END syncs anyway.)
+        uint64_t pending = dirty_pages_ * TARGET_PAGE_SIZE;
+        if (pending < threshold_) {
             dirty_sync();
-            if (dirty_pages_ * TARGET_PAGE_SIZE <= threshold_) {
-                return {};
-            }
+            pending = dirty_pages_ * TARGET_PAGE_SIZE;
+        }
+        if (pending == 0 || pending < threshold_) {
+            return {};
         }
         bool round_done = false;
         QMIGD_TRY(send_part(&round_done));

@@ -206,10 +206,8 @@ std::string hmp_format_info_migrate_capabilities(const json &caps)
 
 void hmp_register(QmpServer &server)
 {
-    server.register_command("human-monitor-command", [&server](const json &args) -> QmpResult {
-        if (auto e = qmp_check_members(args, {"command-line", "cpu-index"})) {
-            return *e;
-        }
+    server.register_command("human-monitor-command", {{"command-line", "cpu-index"}},
+                            [&server](const json &args) -> QmpResult {
         if (!args.contains("command-line")) {
             return qmp_error("Parameter 'command-line' is missing");
         }

@@ -49,7 +49,6 @@ MigrationConfig::MigrationConfig()
         {"announce-rounds", 5},
         {"announce-step", 100},
         {"avail-switchover-bandwidth", 0},
-        {"block-bitmap-mapping", json::array()},
         {"cpu-throttle-increment", 10},
         {"cpu-throttle-initial", 20},
         {"cpu-throttle-tailslow", false},
@@ -108,9 +107,6 @@ bool MigrationConfig::capability(const std::string &name) const
 
 std::optional<QmpError> MigrationConfig::set_capabilities(const json &args)
 {
-    if (auto e = qmp_check_members(args, {"capabilities"})) {
-        return e;
-    }
     if (!args.contains("capabilities")) {
         return QmpError{"GenericError", "Parameter 'capabilities' is missing"};
     }
@@ -237,6 +233,14 @@ std::optional<QmpError> MigrationConfig::check_parameter(const std::string &key,
     if (key == "cpu-throttle-initial" || key == "cpu-throttle-increment" ||
         key == "max-cpu-throttle") {
         return uint_check(1, 99, "99", "uint8_t");
+    }
+    if (key == "block-bitmap-mapping") { // listed by QEMU only once set
+        if (!v.is_array()) {
+            return QmpError{"GenericError",
+                            "Invalid parameter type for 'block-bitmap-mapping', expected: array"};
+        }
+        *out = v;
+        return std::nullopt;
     }
     if (key == "mode") {
         return enum_check({"normal", "cpr-reboot", "cpr-transfer"});

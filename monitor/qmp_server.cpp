@@ -41,15 +41,15 @@ struct QmpServer::Client {
     QmpServer *server = nullptr;
     JsonSplitter splitter;
     bool negotiated = false;
+    bool oob = false; // capability "oob" enabled at negotiation
     bool closing = false;
 };
 
 std::optional<QmpError> qmp_check_members(const json &args,
-                                          std::initializer_list<const char *> allowed)
+                                          const std::vector<std::string> &allowed)
 {
     for (auto it = args.begin(); it != args.end(); ++it) {
-        if (std::none_of(allowed.begin(), allowed.end(),
-                         [&](const char *a) { return it.key() == a; })) {
+        if (std::find(allowed.begin(), allowed.end(), it.key()) == allowed.end()) {
             return QmpError{"GenericError", "Parameter '" + it.key() + "' is unexpected"};
         }
     }
@@ -60,9 +60,11 @@ QmpServer::QmpServer(uv_loop_t *loop) : loop_(loop) {}
 
 QmpServer::~QmpServer() = default;
 
-void QmpServer::register_command(const std::string &name, QmpHandler handler)
+void QmpServer::register_command(const std::string &name,
+                                 std::optional<std::vector<std::string>> members,
+                                 QmpHandler handler)
 {
-    commands_[name] = std::move(handler);
+    commands_[name] = Command{std::move(members), std::move(handler)};
 }
 
 std::vector<std::string> QmpServer::command_names() const
@@ -143,7 +145,12 @@ QmpResult QmpServer::dispatch(const std::string &name, const json &args)
     if (it == commands_.end()) {
         return qmp_error("The command " + name + " has not been found", "CommandNotFound");
     }
-    return it->second(args);
+    if (it->second.members) {
+        if (auto e = qmp_check_members(args, *it->second.members)) {
+            return *e;
+        }
+    }
+    return it->second.handler(args);
 }
 
 void QmpServer::handle_line(Client *c, const std::string &text)
@@ -169,14 +176,15 @@ void QmpServer::handle_line(Client *c, const std::string &text)
             json args = req.value("arguments", json::object());
             QmpResult r;
             if (std::string(cmd_key) == "exec-oob") {
-                r = qmp_error("The command " + name + " does not support OOB");
+                // No qmigd command runs out of band.
+                r = c->oob ? qmp_error("The command " + name + " does not support OOB")
+                           : qmp_error("QMP input member 'exec-oob' is unexpected");
             } else if (name == "qmp_capabilities") {
                 r = c->negotiated
                         ? qmp_error("Capabilities negotiation is already complete, command "
                                     "ignored",
                                     "CommandNotFound")
-                        : QmpResult(json::object());
-                c->negotiated = true;
+                        : negotiate(c, args);
             } else if (!c->negotiated) {
                 r = qmp_error("Expecting capabilities negotiation with 'qmp_capabilities'",
                               "CommandNotFound");
@@ -194,6 +202,26 @@ void QmpServer::handle_line(Client *c, const std::string &text)
         }
     }
     send(c, reply);
+}
+
+QmpResult QmpServer::negotiate(Client *c, const json &args)
+{
+    if (auto e = qmp_check_members(args, {"enable"})) {
+        return *e;
+    }
+    json enable = args.value("enable", json::array());
+    if (!enable.is_array()) {
+        return qmp_error("Invalid parameter type for 'enable', expected: array");
+    }
+    for (const auto &cap : enable) {
+        if (cap != "oob") {
+            return qmp_error("Parameter 'enable' does not accept value '" +
+                             (cap.is_string() ? cap.get<std::string>() : cap.dump()) + "'");
+        }
+        c->oob = true;
+    }
+    c->negotiated = true;
+    return json::object();
 }
 
 void QmpServer::send(Client *c, const json &msg)

@@ -37,16 +37,20 @@ inline QmpResult qmp_error(std::string desc, std::string cls = "GenericError")
 }
 
 // Rejects members of args that are not in `allowed` (QEMU's
-// "Parameter 'foo' is unexpected"). Returns nullptr when fine.
+// "Parameter 'foo' is unexpected").
 std::optional<QmpError> qmp_check_members(const json &args,
-                                          std::initializer_list<const char *> allowed);
+                                          const std::vector<std::string> &allowed);
 
 class QmpServer {
 public:
     explicit QmpServer(uv_loop_t *loop);
     ~QmpServer();
 
-    void register_command(const std::string &name, QmpHandler handler);
+    // `members`: the arguments the command takes; any other is refused with
+    // QEMU's "Parameter 'x' is unexpected" before the handler runs.
+    // std::nullopt: the handler validates its arguments itself.
+    void register_command(const std::string &name,
+                          std::optional<std::vector<std::string>> members, QmpHandler handler);
     // Runs a command as a QMP client would (used by HMP).
     QmpResult dispatch(const std::string &name, const json &args);
     Status listen(const std::string &path);
@@ -60,13 +64,18 @@ private:
     struct Client;
     static void on_connection(uv_stream_t *server, int status);
     void handle_line(Client *c, const std::string &text);
+    QmpResult negotiate(Client *c, const json &args);
     void send(Client *c, const json &msg);
     void drop(Client *c);
 
     uv_loop_t *loop_;
     uv_pipe_t *listener_ = nullptr;
     std::string path_;
-    std::map<std::string, QmpHandler> commands_;
+    struct Command {
+        std::optional<std::vector<std::string>> members;
+        QmpHandler handler;
+    };
+    std::map<std::string, Command> commands_;
     std::vector<Client *> clients_;
 };
 

@@ -71,6 +71,13 @@ class Peer:
     def status(self):
         return self.qmp.cmd("query-migrate")
 
+    def release_monitor(self):
+        """QEMU serves one QMP client at a time: let another one in."""
+        self.qmp.close()
+
+    def reconnect_monitor(self):
+        self.qmp = QMP(self.qmp_path)
+
     def stop(self):
         if self.qmp:
             try:
@@ -129,10 +136,10 @@ def wait_status(peer, want, timeout=120.0, progress=None, fail_on=("failed", "ca
 
 
 def migrate(src, dst, multifd, channels=2, zpd="multifd", max_bandwidth=0, timeout=300,
-            progress=None, dst_uri_host="127.0.0.1"):
+            progress=None, dst_uri_host="127.0.0.1", events=False):
     """Configures both sides, runs one migration, returns (src_info, dst_info, seconds)."""
-    src.set_migration(multifd, channels, zpd, max_bandwidth)
-    dst.set_migration(multifd, channels, None, max_bandwidth)
+    src.set_migration(multifd, channels, zpd, max_bandwidth, events)
+    dst.set_migration(multifd, channels, None, max_bandwidth, events)
     port = start_incoming(dst, dst_uri_host)
     t0 = time.monotonic()
     src.qmp.cmd("migrate", uri=f"tcp:{dst_uri_host}:{port}")

@@ -1,0 +1,256 @@
+"""`qmig run`: a scripted migration between two monitors, any mix of qmigd
+and QEMU 10, given on the command line or in a JSON scenario file.
+
+Scenario file (every key optional except source and destination):
+
+{
+  "source":      {"qmp": "/tmp/src.qmp"}
+               | {"launch": "qmigd" | "qemu",
+                  "ram": [{"name": "mem", "path": "/dev/shm/s.ram", "size": "1G",
+                           "content": "mixed" | "random" | "zero" | "keep"}]},
+  "destination": {"qmp": ...} | {"launch": ..., "ram": [...]}  (content: "fresh" | "garbage"),
+  "capabilities": {"multifd": true, "events": true},
+  "parameters": {"multifd-channels": 4, "zero-page-detection": "multifd", "max-bandwidth": 0},
+  "source-parameters": {}, "destination-parameters": {},
+  "uri": "tcp:127.0.0.1:0",
+  "guest": {"rate": 20000, "pattern": "hot", "hot-set": "64M", "seed": 1},
+  "verify": true,
+  "timeout": 600
+}
+
+Port 0 in the uri asks the destination for a free port (read back from
+query-migrate's socket-address, as QEMU 10 reports it).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+from qmp import QMP
+import runner
+
+MiB = 1 << 20
+
+
+def parse_size(v):
+    if isinstance(v, int):
+        return v
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(v[:-1]) * mult[v[-1]] if v[-1] in mult else int(v)
+
+
+class Side:
+    """One end: an existing monitor, or a process this run starts and stops."""
+
+    def __init__(self, spec, role):
+        self.spec, self.role, self.peer = spec, role, None
+        self.images = []
+        if "launch" in spec:
+            ram = []
+            for r in spec["ram"]:
+                size = parse_size(r["size"])
+                content = r.get("content", "mixed" if role == "source" else "fresh")
+                if content in ("mixed", "random", "zero", "garbage"):
+                    runner.make_image(r["path"], size, content)
+                elif content == "fresh":
+                    runner.remove(r["path"])
+                ram.append((r.get("name", "mem"), r["path"], size))
+                self.images.append(r["path"])
+            self.peer = runner.Peer(spec["launch"], role, ram, f"run-{role}")
+            self.qmp = self.peer.qmp
+            self.kind = spec["launch"]
+        else:
+            self.qmp = QMP(spec["qmp"])
+            self.kind = "monitor"
+
+    def close(self):
+        if self.peer:
+            self.peer.stop()
+        else:
+            self.qmp.close()
+
+
+def configure(side, caps, params):
+    if caps:
+        side.qmp.cmd("migrate-set-capabilities",
+                     capabilities=[{"capability": k, "state": v} for k, v in caps.items()])
+    if params:
+        side.qmp.cmd("migrate-set-parameters", dict(params))
+
+
+def human(n):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+
+
+class Progress:
+    """A live bar on a terminal; one plain line a second otherwise."""
+
+    def __init__(self, out=sys.stdout):
+        self.out, self.tty, self.last, self.status = out, out.isatty(), 0.0, None
+
+    def show(self, info):
+        ram = info.get("ram")
+        st = info.get("status", "?")
+        now = time.monotonic()
+        if not self.tty and now - self.last < 1.0 and st == self.status:
+            return
+        self.last, self.status = now, st
+        if ram and ram.get("total"):
+            pct = 100.0 * (1 - ram["remaining"] / ram["total"])
+            text = (f"{st:<10} {pct:5.1f}%  {ram['mbps']:8.1f} Mbps  remaining "
+                    f"{human(ram['remaining']):>10}  pass {ram['dirty-sync-count']}"
+                    f"  dirty {ram['dirty-pages-rate']} pages/s")
+            if "cpu-throttle-percentage" in info:
+                text += f"  throttle {info['cpu-throttle-percentage']}%"
+        else:
+            pct, text = 0.0, f"{st:<10}"
+        if self.tty:
+            width = 24
+            fill = int(width * pct / 100)
+            self.out.write("\r[" + "#" * fill + "-" * (width - fill) + "] " + text + "\033[K")
+        else:
+            self.out.write(text + "\n")
+        self.out.flush()
+
+    def done(self):
+        if self.tty:
+            self.out.write("\n")
+
+
+def start_guest(spec, src):
+    """qmigd guest writing the source's first image (live scenarios)."""
+    ram = src.spec["ram"][0]
+    argv = [runner.QMIGD, "guest", "--ram", f"{ram.get('name', 'mem')}={ram['path']}",
+            "--rate", str(spec.get("rate", 20000)), "--pattern", spec.get("pattern", "random"),
+            "--seed", str(spec.get("seed", 1))]
+    if "hot-set" in spec:
+        argv += ["--hot-set", str(parse_size(spec["hot-set"]))]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def run(scn, out=sys.stdout):
+    src = dst = guest = None
+    try:
+        src = Side(scn["source"], "source")
+        dst = Side(scn["destination"], "dest")
+        caps = scn.get("capabilities", {})
+        params = scn.get("parameters", {})
+        dst_params = {k: v for k, v in params.items() if k != "zero-page-detection"}
+        configure(src, caps, {**params, **scn.get("source-parameters", {})})
+        configure(dst, caps, {**dst_params, **scn.get("destination-parameters", {})})
+        uri = scn.get("uri", "tcp:127.0.0.1:0")
+        dst.qmp.cmd("migrate-incoming", uri=uri)
+        host, port = uri[4:].rsplit(":", 1)
+        if port == "0":
+            port = dst.qmp.cmd("query-migrate")["socket-address"][0]["port"]
+        if "guest" in scn:
+            guest = start_guest(scn["guest"], src)
+            time.sleep(0.5)
+        print(f"migrating {src.kind} -> {dst.kind} via tcp:{host}:{port}", file=out, flush=True)
+        t0 = time.monotonic()
+        src.qmp.cmd("migrate", uri=f"tcp:{host}:{port}")
+        bar = Progress(out)
+        deadline = t0 + scn.get("timeout", 600)
+        while True:
+            info = src.qmp.cmd("query-migrate")
+            bar.show(info)
+            if info.get("status") in ("completed", "failed", "cancelled"):
+                break
+            if time.monotonic() > deadline:
+                src.qmp.cmd("migrate_cancel")
+                bar.done()
+                print("timed out: cancelled", file=out)
+                return 1
+            time.sleep(0.1)
+        bar.done()
+        if info["status"] != "completed":
+            print(f"source: migration {info['status']}: {info.get('error-desc', '')}", file=out)
+            return 1
+        end = time.monotonic() + 60
+        while True:
+            dinfo = dst.qmp.cmd("query-migrate")
+            if dinfo.get("status") in ("completed", "failed") or time.monotonic() > end:
+                break
+            time.sleep(0.05)
+        print(f"completed in {time.monotonic() - t0:.2f} s", file=out)
+        for name, side in (("source", src), ("destination", dst)):
+            print(f"=== {name} ({side.kind}): info migrate ===", file=out)
+            print(side.qmp.hmp("info migrate").replace("\r\n", "\n"), file=out)
+        if dinfo.get("status") != "completed":
+            return 1
+        return verify(scn, src, dst, out)
+    finally:
+        if guest:
+            guest.terminate()
+            guest.wait()
+        for side in (src, dst):
+            if side:
+                side.close()
+
+
+def verify(scn, src, dst, out):
+    pairs = []
+    v = scn.get("verify", False)
+    if v is True:
+        pairs = list(zip(src.images, dst.images))
+    elif isinstance(v, list):
+        pairs = [tuple(p) for p in v]
+    for a, b in pairs:
+        same = runner.files_equal(a, b)
+        print(f"verify {a} == {b}: {'identical' if same else 'DIFFERENT'}", file=out)
+        if not same:
+            return 1
+    return 0
+
+
+def run_main(argv):
+    ap = argparse.ArgumentParser(prog="qmig run", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("scenario", nargs="?", help="JSON scenario file")
+    ap.add_argument("--src", help="source QMP socket")
+    ap.add_argument("--dst", help="destination QMP socket")
+    ap.add_argument("--uri", default="tcp:127.0.0.1:0")
+    ap.add_argument("--multifd", type=int, metavar="CHANNELS", help="enable multifd with N channels")
+    ap.add_argument("--zpd", choices=["none", "legacy", "multifd"])
+    ap.add_argument("--max-bandwidth", type=int)
+    ap.add_argument("--events", action="store_true")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a migration parameter for both sides")
+    ap.add_argument("--verify", action="append", default=[], metavar="SRC_IMG:DST_IMG")
+    ap.add_argument("--timeout", type=float, default=600)
+    a = ap.parse_args(argv)
+    if a.scenario:
+        with open(a.scenario) as f:
+            scn = json.load(f)
+    else:
+        if not (a.src and a.dst):
+            ap.error("give a scenario file or both --src and --dst")
+        scn = {"source": {"qmp": a.src}, "destination": {"qmp": a.dst}}
+    caps = scn.setdefault("capabilities", {})
+    params = scn.setdefault("parameters", {})
+    if a.multifd:
+        caps["multifd"] = True
+        params["multifd-channels"] = a.multifd
+    if a.events:
+        caps["events"] = True
+    if a.zpd:
+        params["zero-page-detection"] = a.zpd
+    if a.max_bandwidth is not None:
+        params["max-bandwidth"] = a.max_bandwidth
+    for pair in a.set:
+        k, v = pair.split("=", 1)
+        try:
+            params[k] = json.loads(v)
+        except ValueError:
+            params[k] = v
+    if a.verify:
+        scn["verify"] = [p.split(":", 1) for p in a.verify]
+    if a.uri != "tcp:127.0.0.1:0" or "uri" not in scn:
+        scn["uri"] = a.uri
+    scn.setdefault("timeout", a.timeout)
+    return run(scn)

@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""QMP conformance: the same script against QEMU 10 -M none and against
+qmigd (both roles), comparing reply shapes, error classes and texts; plus
+events, concurrent clients, malformed input and `qmig run` pairings."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from itest import test, main, check
+from fixtures import images, peers, MiB
+from runner import Peer, QMP, remove, unique_name, ROOT
+
+SIZE = 16 * MiB
+
+# (request text, what to compare). "shape": same reply kind and error class;
+# "desc": also the same error text; "value": the same return value.
+SCRIPT = [
+    ('{"execute": "no-such-command"}', "desc"),
+    ('{"execute": "query-status", "id": "a1"}', "shape"),
+    ('{"execute": "query-status", "id": 7}', "shape"),
+    ('{"execute": "query-status", "arguments": {"foo": 1}}', "desc"),
+    ('[1, 2]', "desc"),
+    ('{"arguments": {}}', "desc"),
+    ('{"execute": 42}', "desc"),
+    ('{"execute": "query-status", "arguments": []}', "desc"),
+    ('{"exec-oob": "query-status"}', "desc"),
+    ('{"execute": "qmp_capabilities"}', "desc"),
+    ('{"execute": "migrate-cancel"}', "desc"),
+    ('{"execute": "migrate_cancel"}', "value"),
+    ('{"execute": "query-migrate"}', "value"),
+    ('{"execute": "query-migrate-capabilities"}', "value"),
+    ('{"execute": "migrate-set-capabilities", "arguments": {"capabilities": []}}', "value"),
+    ('{"execute": "migrate-set-capabilities", "arguments": {"capabilities": 5}}', "desc"),
+    ('{"execute": "migrate-set-capabilities", "arguments": {"capabilities": [{"capability": "foo", "state": true}]}}', "desc"),
+    ('{"execute": "migrate-set-capabilities", "arguments": {"capabilities": [{"capability": "multifd", "state": 1}]}}', "desc"),
+    ('{"execute": "migrate-set-capabilities", "arguments": {"capabilities": [{"capability": "multifd"}]}}', "desc"),
+    ('{"execute": "migrate-set-capabilities", "arguments": {"capabilities": [{"capability": "multifd", "state": true}]}}', "value"),
+    ('{"execute": "migrate-set-capabilities", "arguments": {"capabilities": [{"capability": "events", "state": true}]}}', "value"),
+    ('{"execute": "migrate-set-parameters", "arguments": {"multifd-channels": 0}}', "desc"),
+    ('{"execute": "migrate-set-parameters", "arguments": {"multifd-channels": 256}}', "desc"),
+    ('{"execute": "migrate-set-parameters", "arguments": {"multifd-channels": "4"}}', "desc"),
+    ('{"execute": "migrate-set-parameters", "arguments": {"multifd-channels": 4.5}}', "desc"),
+    ('{"execute": "migrate-set-parameters", "arguments": {"zero-page-detection": "foo"}}', "desc"),
+    ('{"execute": "migrate-set-parameters", "arguments": {"zero-page-detection": 3}}', "desc"),
+    ('{"execute": "migrate-set-parameters", "arguments": {"downtime-limit": 2000001}}', "desc"),
+    ('{"execute": "migrate-set-parameters", "arguments": {"downtime-limit": -1}}', "desc"),
+    ('{"execute": "migrate-set-parameters", "arguments": {"downtime-limit": "x"}}', "desc"),
+    ('{"execute": "migrate-set-parameters", "arguments": {"max-bandwidth": "x"}}', "desc"),
+    ('{"execute": "migrate-set-parameters", "arguments": {"max-bandwidth": 1.5}}', "desc"),
+    ('{"execute": "migrate-set-parameters", "arguments": {"foo-bar": 1}}', "desc"),
+    ('{"execute": "migrate-set-parameters", "arguments": {"multifd-channels": 4, "foo-bar": 1}}', "desc"),
+    ('{"execute": "migrate-set-parameters", "arguments": {"multifd-channels": 4, "zero-page-detection": "legacy", "max-bandwidth": 1000000000, "downtime-limit": 500}}', "value"),
+    ('{"execute": "migrate-set-parameters", "arguments": {"max-bandwidth": -1}}', "value"),
+    ('{"execute": "migrate-set-parameters", "arguments": {"max-bandwidth": 1000000000}}', "value"),
+    ('{"execute": "query-migrate-capabilities"}', "value"),
+    ('{"execute": "human-monitor-command", "arguments": {"command-line": "info migrate"}}', "value"),
+    ('{"execute": "human-monitor-command", "arguments": {"command-line": "info migrate_capabilities"}}', "value"),
+    ('{"execute": "human-monitor-command", "arguments": {"command-line": "migrate_set_parameter downtime-limit 400"}}', "value"),
+    ('{"execute": "human-monitor-command", "arguments": {"command-line": "migrate_set_capability multifd off"}}', "value"),
+    ('{"execute": "human-monitor-command"}', "desc"),
+    ('{"execute": "human-monitor-command", "arguments": {"command-line": 5}}', "desc"),
+    ('{"execute": "migrate"}', "desc"),
+    ('{"execute": "migrate", "arguments": {"uri": "foo:bar"}}', "desc"),
+    ('{"execute": "migrate", "arguments": {"uri": 5}}', "desc"),
+    ('{"execute": "migrate", "arguments": {"uri": "tcp:127.0.0.1:1", "foo": 1}}', "desc"),
+    ('{"execute": "migrate-incoming", "arguments": {"uri": "tcp:127.0.0.1:0"}}', "desc"),
+    ('{"execute": "query-version"}', "shape"),
+    ('{"execute": "stop"}', "value"),
+    ('{"execute": "query-status"}', "value"),
+    ('{"execute": "cont"}', "value"),
+    ('{"execute": "query-status"}', "value"),
+]
+
+DEST_SCRIPT = [
+    ('{"execute": "query-status"}', "value"),
+    ('{"execute": "migrate", "arguments": {"uri": "tcp:127.0.0.1:1"}}', "desc"),
+    ('{"execute": "migrate-incoming", "arguments": {"uri": "foo:bar"}}', "desc"),
+    ('{"execute": "migrate-incoming"}', "desc"),
+    ('{"execute": "migrate-incoming", "arguments": {"uri": "tcp:127.0.0.1:0", "exit-on-error": 3}}', "desc"),
+    ('{"execute": "migrate-incoming", "arguments": {"uri": "tcp:127.0.0.1:0"}}', "value"),
+    ('{"execute": "migrate-incoming", "arguments": {"uri": "tcp:127.0.0.1:0"}}', "desc"),
+    ('{"execute": "migrate-set-capabilities", "arguments": {"capabilities": [{"capability": "multifd", "state": true}]}}', "desc"),
+    ('{"execute": "cont"}', "shape"),
+]
+
+
+def run_script(path, script):
+    q = QMP(path, negotiate=False)
+    replies = []
+    q.send_raw('{"execute": "query-status"}\n')  # before negotiation
+    replies.append(q.read_reply())
+    q.cmd("qmp_capabilities")
+    for line, _ in script:
+        q.send_raw(line + "\n")
+        replies.append(q.read_reply())
+    q.close()
+    return q.greeting, replies
+
+
+def normalize(reply):
+    """Drops what legitimately differs: socket ports, timing, versions."""
+    r = json.loads(json.dumps(reply))
+    ret = r.get("return")
+    if isinstance(ret, dict) and "socket-address" in ret:
+        for a in ret["socket-address"]:
+            a["port"] = "*"
+    return r
+
+
+def compare(script, qemu_replies, ours, differences):
+    for i, ((line, how), a, b) in enumerate(zip([("(before negotiation)", "desc")] + script,
+                                                 qemu_replies, ours)):
+        a, b = normalize(a), normalize(b)
+        same_kind = ("error" in a) == ("error" in b)
+        ok = same_kind
+        if ok and "error" in a:
+            ok = a["error"]["class"] == b["error"]["class"]
+            if ok and how == "desc":
+                ok = a["error"]["desc"] == b["error"]["desc"]
+        elif ok and how == "value":
+            ok = a.get("return") == b.get("return")
+        elif ok and how == "shape" and isinstance(a.get("return"), dict):
+            ok = set(a["return"]) == set(b["return"])
+        if ok and "id" in a:
+            ok = a.get("id") == b.get("id")
+        if not ok:
+            differences.append(f"{line}\n   QEMU:  {json.dumps(a)[:400]}\n   qmigd: {json.dumps(b)[:400]}")
+
+
+@test
+def test_conformance_source_role():
+    img = f"/dev/shm/{unique_name('conf')}.ram"
+    qemu = ours = None
+    try:
+        qemu = Peer("qemu", "source", [("mem", img, SIZE)], "conf-q")
+        ours = Peer("qmigd", "source", [("mem", img, SIZE)], "conf-o")
+        qemu.release_monitor()
+        greet_q, rq = run_script(qemu.qmp_path, SCRIPT)
+        greet_o, ro = run_script(ours.qmp_path, SCRIPT)
+        check(set(greet_q["QMP"]) == set(greet_o["QMP"]), (greet_q, greet_o))
+        check(greet_o["QMP"]["version"]["qemu"] == {"major": 10, "minor": 0, "micro": 2})
+        diffs = []
+        compare(SCRIPT, rq, ro, diffs)
+        # query-migrate-parameters: the same members with the same defaults
+        # (qmigd's values after the script equal QEMU's after the script).
+        qemu.reconnect_monitor()
+        pq = qemu.qmp.cmd("query-migrate-parameters")
+        po = ours.qmp.cmd("query-migrate-parameters")
+        for k in sorted(set(pq) | set(po)):
+            if pq.get(k) != po.get(k):
+                diffs.append(f"query-migrate-parameters {k}: QEMU {pq.get(k)!r} qmigd {po.get(k)!r}")
+        check(not diffs, "differences from QEMU 10:\n" + "\n".join(diffs))
+    finally:
+        for p in (qemu, ours):
+            if p:
+                p.stop()
+        remove(img)
+
+
+@test
+def test_conformance_destination_role():
+    img_q = f"/dev/shm/{unique_name('confd')}.ram"
+    img_o = f"/dev/shm/{unique_name('confd')}.ram"
+    qemu = ours = None
+    try:
+        qemu = Peer("qemu", "dest", [("mem", img_q, SIZE)], "confd-q")
+        ours = Peer("qmigd", "dest", [("mem", img_o, SIZE)], "confd-o")
+        qemu.release_monitor()
+        _, rq = run_script(qemu.qmp_path, DEST_SCRIPT)
+        _, ro = run_script(ours.qmp_path, DEST_SCRIPT)
+        qemu.reconnect_monitor()
+        diffs = []
+        compare(DEST_SCRIPT, rq, ro, diffs)
+        check(not diffs, "differences from QEMU 10:\n" + "\n".join(diffs))
+        # Both report the real port for port 0 and look the same.
+        aq = qemu.qmp.cmd("query-migrate")
+        ao = ours.qmp.cmd("query-migrate")
+        check(aq["status"] == ao["status"] == "setup", (aq, ao))
+        check(int(ao["socket-address"][0]["port"]) > 0, ao)
+        check(set(aq["socket-address"][0]) == set(ao["socket-address"][0]), (aq, ao))
+    finally:
+        for p in (qemu, ours):
+            if p:
+                p.stop()
+        remove(img_q, img_o)
+
+
+def migration_events(src_kind):
+    with images(SIZE, "mixed") as imgs, peers(src_kind, "qmigd", imgs) as (src, dst):
+        from runner import migrate
+        migrate(src, dst, True, 2, "multifd", events=True)
+        time.sleep(0.2)
+        evs = src.qmp.poll_events(0.3)
+        devs = dst.qmp.poll_events(0.3)
+        for e in evs + devs:
+            check(set(e["timestamp"]) == {"seconds", "microseconds"}, e)
+        name = lambda e: e["event"] + (f":{e['data'].get('status', e['data'].get('pass'))}"
+                                       if "data" in e else "")
+        return [name(e) for e in evs], [name(e) for e in devs]
+
+
+@test
+def test_events_match_qemu():
+    q_src, q_dst = migration_events("qemu")
+    o_src, o_dst = migration_events("qmigd")
+    check(q_src == o_src, f"source events: QEMU {q_src} qmigd {o_src}")
+    check(o_dst == ["MIGRATION:setup", "MIGRATION:active", "RESUME", "MIGRATION:completed"], o_dst)
+
+
+@test
+def test_concurrent_clients_and_malformed_input():
+    img = f"/dev/shm/{unique_name('cc')}.ram"
+    p = Peer("qmigd", "source", [("mem", img, SIZE)], "cc")
+    try:
+        clients = [QMP(p.qmp_path) for _ in range(5)]
+        for i, c in enumerate(clients):
+            check(c.cmd("query-status")["status"] == "running")
+        clients[0].cmd("migrate-set-capabilities",
+                       capabilities=[{"capability": "events", "state": True}])
+        clients[1].cmd("stop")
+        for c in clients:
+            evs = c.poll_events(0.3)
+            check(any(e["event"] == "STOP" for e in evs), evs)
+        # Garbage, binary, half a request, a huge string: errors, no crash.
+        bad = QMP(p.qmp_path)
+        bad.send_raw(b"\x00\xff garbage }}}\n")
+        check("error" in bad.read_reply())
+        bad.send_raw('{"execute": "query-status", "arguments": {"x": "' + "a" * 100000 + '"}}\n')
+        check("error" in bad.read_reply())
+        bad.send_raw('{"execute": "query-status", ')
+        time.sleep(0.2)
+        bad.send_raw('"id": 5}\n')
+        r = bad.read_reply()
+        check(r.get("id") == 5 and "return" in r, r)
+        raw = socket.socket(socket.AF_UNIX)
+        raw.connect(p.qmp_path)
+        raw.sendall(os.urandom(200000))
+        raw.close()
+        check(clients[2].cmd("query-status")["status"] == "paused")
+    finally:
+        p.stop()
+        remove(img)
+
+
+def qmig_run_pair(src_kind, dst_kind):
+    def fn():
+        tag = unique_name("run")
+        scn = {
+            "source": {"launch": src_kind, "ram": [{"path": f"/dev/shm/{tag}-s.ram", "size": "64M",
+                                                    "content": "mixed"}]},
+            "destination": {"launch": dst_kind, "ram": [{"path": f"/dev/shm/{tag}-d.ram",
+                                                         "size": "64M"}]},
+            "capabilities": {"multifd": True, "events": True},
+            "parameters": {"multifd-channels": 2, "zero-page-detection": "multifd",
+                           "max-bandwidth": 32 * MiB},
+            "verify": True,
+        }
+        path = f"/tmp/{tag}.json"
+        with open(path, "w") as f:
+            json.dump(scn, f)
+        try:
+            out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "qmig"), "run", path],
+                                 capture_output=True, text=True, timeout=120)
+            check(out.returncode == 0, out.stdout + out.stderr)
+            check("identical" in out.stdout and "Migration status: completed" in out.stdout,
+                  out.stdout)
+            check(out.stdout.count("active ") >= 1, "no progress lines:\n" + out.stdout)
+        finally:
+            os.unlink(path)
+            remove(f"/dev/shm/{tag}-s.ram", f"/dev/shm/{tag}-d.ram")
+    fn.__name__ = f"test_qmig_run_{src_kind}_to_{dst_kind}"
+    test(fn)
+
+
+for pair in (("qmigd", "qmigd"), ("qemu", "qmigd"), ("qmigd", "qemu")):
+    qmig_run_pair(*pair)
+
+
+@test
+def test_qmig_command_line():
+    img = f"/dev/shm/{unique_name('cli')}.ram"
+    p = Peer("qmigd", "source", [("mem", img, SIZE)], "cli")
+    qmig = [sys.executable, os.path.join(ROOT, "scripts", "qmig"), p.qmp_path]
+    try:
+        out = subprocess.run(qmig + ["migrate-set-parameters", "zero-page-detection=legacy",
+                                     "multifd-channels=4"], capture_output=True, text=True)
+        check(out.returncode == 0, out.stderr)
+        out = subprocess.run(qmig + ["query-migrate-parameters"], capture_output=True, text=True)
+        params = json.loads(out.stdout)
+        check(params["multifd-channels"] == 4 and params["zero-page-detection"] == "legacy", params)
+        out = subprocess.run(qmig + ["hmp", "info", "migrate_parameters"], capture_output=True, text=True)
+        check("multifd-channels: 4\n" in out.stdout, out.stdout)
+        out = subprocess.run(qmig + ["migrate-set-parameters", "multifd-channels=0"],
+                             capture_output=True, text=True)
+        check(out.returncode == 1 and "GenericError" in out.stderr, out.stderr)
+    finally:
+        p.stop()
+        remove(img)
+
+
+if __name__ == "__main__":
+    main()
