@@ -10,10 +10,13 @@ LoopDispatcher::LoopDispatcher(uv_loop_t *loop) : async_(new uv_async_t)
 
 void LoopDispatcher::post(std::function<void()> fn)
 {
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        queue_.push_back(std::move(fn));
+    // uv_async_send under the lock: close() cannot free the handle between
+    // the check and the send.
+    std::lock_guard<std::mutex> lk(mu_);
+    if (closed_) {
+        return;
     }
+    queue_.push_back(std::move(fn));
     uv_async_send(async_);
 }
 
@@ -32,6 +35,11 @@ void LoopDispatcher::on_async(uv_async_t *h)
 
 void LoopDispatcher::close()
 {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        closed_ = true;
+        queue_.clear();
+    }
     uv_close(reinterpret_cast<uv_handle_t *>(async_),
              [](uv_handle_t *h) { delete reinterpret_cast<uv_async_t *>(h); });
 }

@@ -13,7 +13,8 @@ namespace qmigd {
 class LoopDispatcher {
 public:
     explicit LoopDispatcher(uv_loop_t *loop);
-    // Thread-safe.
+    // Thread-safe. After close() the closure is dropped: the daemon is
+    // going away and nobody is left to run it.
     void post(std::function<void()> fn);
     // Loop thread: stop accepting posts and close the handle.
     void close();
@@ -24,6 +25,7 @@ private:
     uv_async_t *async_;
     std::mutex mu_;
     std::vector<std::function<void()>> queue_; // protected by mu_
+    bool closed_ = false;                       // protected by mu_
 };
 
 } // namespace qmigd
