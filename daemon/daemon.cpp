@@ -32,10 +32,23 @@ void Daemon::on_migration_status(MigrationStatus s)
 {
     if (opts_.role == Role::Source) {
         if (s == MigrationStatus::Device) {
+            if (runstate_ == "running") {
+                qmp_->emit_event("STOP");
+            }
+            runstate_before_ = runstate_;
             runstate_ = "finish-migrate";
-            qmp_->emit_event("STOP");
         } else if (s == MigrationStatus::Completed) {
-            runstate_ = "postmigrate";
+            runstate_ = "postmigrate"; // the guest stays paused
+        } else if ((s == MigrationStatus::Failed || s == MigrationStatus::Cancelled) &&
+                   runstate_ == "finish-migrate") {
+            // As QEMU: a VM stopped for switchover runs again.
+            runstate_ = runstate_before_;
+            if (runstate_ == "running") {
+                if (guest_) {
+                    guest_->resume();
+                }
+                qmp_->emit_event("RESUME");
+            }
         }
     } else if (s == MigrationStatus::Completed) {
         runstate_ = incoming_->runstate();
@@ -92,14 +105,13 @@ QmpResult Daemon::cmd_migrate(const json &args)
     p.downtime_limit_ms = config_.downtime_limit_ms();
     p.machine_type = opts_.machine_type;
     p.uuid = opts_.uuid;
-    GuestHooks hooks;
-    hooks.resume = [this] {
-        if (runstate_ == "finish-migrate") {
-            runstate_ = "running";
-            qmp_->emit_event("RESUME");
-        }
-    };
-    if (auto st = outgoing_->start(*addr, p, hooks); !st) {
+    p.runstate = runstate_;
+    p.auto_converge = config_.capability("auto-converge");
+    p.throttle_initial = config_.cpu_throttle_initial();
+    p.throttle_increment = config_.cpu_throttle_increment();
+    p.max_throttle = config_.max_cpu_throttle();
+    p.throttle_trigger_threshold = config_.parameters()["throttle-trigger-threshold"];
+    if (auto st = outgoing_->start(*addr, p); !st) {
         return qmp_error(st.error().message());
     }
     return json::object();
@@ -212,6 +224,12 @@ void Daemon::register_vm_commands()
             return json::object();
         }
         if (runstate_ == "running") {
+            if (guest_) {
+                if (auto st = guest_->pause(std::chrono::seconds(5)); !st) {
+                    guest_->resume();
+                    return qmp_error(st.error().message());
+                }
+            }
             runstate_ = "paused";
             qmp_->emit_event("STOP");
         }
@@ -222,7 +240,13 @@ void Daemon::register_vm_commands()
             autostart_ = true;
             return json::object();
         }
+        if (runstate_ == "finish-migrate") {
+            return qmp_error("The VM is stopped for the end of a migration");
+        }
         if (runstate_ != "running") {
+            if (guest_) {
+                guest_->resume();
+            }
             runstate_ = "running";
             qmp_->emit_event("RESUME");
         }
@@ -271,8 +295,14 @@ Status Daemon::run()
     if (opts_.role == Role::Destination) {
         incoming_ = std::make_unique<IncomingMigration>(&loop_, *dispatcher_, blocks_, on_status);
     } else {
-        outgoing_ = std::make_unique<OutgoingMigration>(
-            &loop_, *dispatcher_, blocks_, on_status, [this](uint64_t n) { on_pass(n); });
+        std::string ctl = opts_.control_path.empty() ? blocks_.front().image->path() + ".ctl"
+                                                     : opts_.control_path;
+        auto gc = GuestControl::open(ctl);
+        QMIGD_TRY(gc);
+        guest_ = std::move(*gc);
+        outgoing_ = std::make_unique<OutgoingMigration>(&loop_, *dispatcher_, blocks_,
+                                                        guest_.get(), on_status,
+                                                        [this](uint64_t n) { on_pass(n); });
     }
     register_commands();
     QMIGD_TRY(qmp_->listen(opts_.qmp_path));

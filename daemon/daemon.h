@@ -26,6 +26,7 @@ struct DaemonOptions {
     std::string incoming = "defer"; // destination: tcp:HOST:PORT or defer
     std::string machine_type = "none";
     Uuid uuid{};
+    std::string control_path; // source: guest control record (default IMAGE.ctl)
 };
 
 class Daemon {
@@ -57,7 +58,9 @@ private:
     std::vector<RAMBlock> blocks_;
     std::unique_ptr<IncomingMigration> incoming_;
     std::unique_ptr<OutgoingMigration> outgoing_;
-    std::string runstate_; // QAPI RunState of this "VM"
+    std::string runstate_;        // QAPI RunState of this "VM"
+    std::string runstate_before_; // source: run state before switchover
+    std::unique_ptr<GuestControl> guest_; // source: the guest's control record
     bool autostart_ = true; // destination: run once the migration is in
     uv_signal_t sigint_, sigterm_;
     bool shutting_down_ = false;

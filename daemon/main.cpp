@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "daemon/daemon.h"
+#include "daemon/guest.h"
 
 using namespace qmigd;
 
@@ -37,8 +38,39 @@ int main(int argc, char **argv)
     auto *dest = app.add_subcommand("dest", "migration destination");
     add_common(dest, dst, dst_uuid, dst_level);
     dest->add_option("--incoming", dst.incoming, "tcp:HOST:PORT or defer (default)");
+    source->add_option("--control", src.control_path,
+                       "guest control record (default: first image + .ctl)");
+
+    GuestOptions g;
+    std::string g_level = "info", g_pattern = "random", g_hot = "64M";
+    auto *guest = app.add_subcommand("guest", "a workload that dirties guest RAM");
+    guest->add_option("--ram", g.ram_specs, "RAM block: NAME=FILE[,dirty=PATH]")->required();
+    guest->add_option("--rate", g.rate, "pages written per second")->required();
+    guest->add_option("--pattern", g_pattern, "random|sequential|hot")
+        ->check(CLI::IsMember({"random", "sequential", "hot"}));
+    guest->add_option("--hot-set", g_hot, "bytes of the hot set (pattern hot)");
+    guest->add_option("--seed", g.seed, "random seed");
+    guest->add_option("--duration", g.duration, "seconds to run (default: until signalled)");
+    guest->add_option("--control", g.control_path, "guest control record");
+    guest->add_option("--log-level", g_level, "log level");
     CLI11_PARSE(app, argc, argv);
 
+    if (guest->parsed()) {
+        g.pattern = g_pattern == "hot" ? GuestPattern::Hot
+                    : g_pattern == "sequential" ? GuestPattern::Sequential
+                                                : GuestPattern::Random;
+        if (!parse_size(g_hot, &g.hot_set)) {
+            std::fprintf(stderr, "qmigd: bad --hot-set '%s'\n", g_hot.c_str());
+            return 2;
+        }
+        spdlog::set_level(spdlog::level::from_str(g_level));
+        Status st = run_guest(g);
+        if (!st) {
+            spdlog::critical("{}", st.error().message());
+            return 1;
+        }
+        return 0;
+    }
     bool is_source = source->parsed();
     DaemonOptions &opts = is_source ? src : dst;
     opts.role = is_source ? Role::Source : Role::Destination;

@@ -62,6 +62,7 @@ private:
     Status send_page(size_t block, uint64_t page);
     Status round_flush();
     uint64_t dirty_sync();
+    void end_period();
     Status rate_limit_wait();
     void publish();
     Status check_cancel();
@@ -99,6 +100,12 @@ private:
     Clock::time_point update_start_;
     uint64_t update_bytes_ = 0;
     uint64_t threshold_ = 0; // bytes that fit in downtime-limit; 0 until measured
+    // Dirty-rate period (migration_update_rates) and auto-converge state.
+    Clock::time_point period_start_ = Clock::now();
+    uint64_t period_xfer_start_ = 0;
+    uint64_t period_dirty_pages_ = 0;
+    unsigned dirty_rate_high_cnt_ = 0;
+    uint64_t last_sync_dirty_ = 0; // dirty pages right after the last sync
 };
 
 // Moves every bit the guest set since the last sync into the migration
@@ -112,11 +119,44 @@ uint64_t OutgoingMigration::Runner::dirty_sync()
         }
     }
     dirty_pages_ += added;
+    last_sync_dirty_ = dirty_pages_;
+    period_dirty_pages_ += added;
     uint64_t n = m_.stats_->dirty_sync_count.fetch_add(1) + 1;
     m_.stats_->remaining_pages = dirty_pages_;
+    if (Clock::now() - period_start_ > std::chrono::seconds(1)) {
+        end_period();
+    }
     m_.dispatcher_.post([&m = m_, n] { m.on_pass_(n); });
-    spdlog::info("migration: dirty sync {}: {} pages dirty ({} new)", n, dirty_pages_, added);
+    spdlog::info("migration: dirty sync {}: {} pages dirty ({} new, dirty rate {} pages/s, "
+                 "throttle {}%)",
+                 n, dirty_pages_, added, m_.stats_->dirty_pages_rate.load(),
+                 m_.stats_->cpu_throttle_pct.load());
     return added;
+}
+
+// Once a second at most, like migration_bitmap_sync(): the dirty page rate
+// of the period and QEMU's auto-converge trigger -- when the guest dirtied
+// more than throttle-trigger-threshold % of what was sent, twice in a row,
+// throttle it harder.
+void OutgoingMigration::Runner::end_period()
+{
+    auto now = Clock::now();
+    double secs = std::chrono::duration<double>(now - period_start_).count();
+    uint64_t xfer = transferred() - period_xfer_start_;
+    uint64_t dirty_bytes = period_dirty_pages_ * TARGET_PAGE_SIZE;
+    m_.stats_->dirty_pages_rate = uint64_t(double(period_dirty_pages_) / secs);
+    if (p_.auto_converge && m_.guest_ && !downtime_ &&
+        dirty_bytes > xfer * p_.throttle_trigger_threshold / 100 && ++dirty_rate_high_cnt_ >= 2) {
+        dirty_rate_high_cnt_ = 0;
+        unsigned pct = m_.guest_->throttle();
+        pct = pct == 0 ? p_.throttle_initial : std::min(pct + p_.throttle_increment, p_.max_throttle);
+        m_.guest_->set_throttle(pct);
+        m_.stats_->cpu_throttle_pct = pct;
+        spdlog::info("migration: auto-converge: guest throttled to {}%", pct);
+    }
+    period_start_ = now;
+    period_xfer_start_ = transferred();
+    period_dirty_pages_ = 0;
 }
 
 Status OutgoingMigration::Runner::check_cancel()
@@ -299,8 +339,11 @@ void OutgoingMigration::Runner::update_counters(bool force)
     update_bytes_ = bytes;
     threshold_ = uint64_t(bw * double(p_.downtime_limit_ms) / 1000);
     if (bw > 0) {
-        m_.stats_->expected_downtime_ms =
-            int64_t(double(dirty_pages_ * TARGET_PAGE_SIZE) * 1000 / bw);
+        // What stopping now would leave: at least the dirty set of the last
+        // sync (the guest keeps re-dirtying it while we send), not just the
+        // unsent rest of it, which drops to zero at every round's end.
+        uint64_t pending = std::max(dirty_pages_, last_sync_dirty_) * TARGET_PAGE_SIZE;
+        m_.stats_->expected_downtime_ms = int64_t(double(pending) * 1000 / bw);
     }
     publish();
 }
@@ -334,8 +377,10 @@ Status OutgoingMigration::Runner::iterate()
 Status OutgoingMigration::Runner::complete()
 {
     auto stop_time = Clock::now();
-    if (m_.hooks_.pause) {
-        m_.hooks_.pause();
+    if (m_.guest_) {
+        // The guest finishes the page in flight and acknowledges; only then
+        // does the final dirty sync run, so no write is lost.
+        QMIGD_TRY(m_.guest_->pause(std::chrono::seconds(5)));
     }
     downtime_ = true;
     m_.dispatcher_.post([&m = m_] { m.set_status(MigrationStatus::Device); });
@@ -352,7 +397,8 @@ Status OutgoingMigration::Runner::complete()
     ram_put_flag(w, RAM_SAVE_FLAG_EOS);
     savevm_put_footer(w, kRamSectionId);
     savevm_put_timer(w, kTimerSectionId);
-    savevm_put_globalstate(w, kGlobalStateSectionId, "running");
+    savevm_put_globalstate(w, kGlobalStateSectionId,
+                           p_.runstate == "paused" ? "paused" : "running");
     savevm_put_eof_and_vmdesc(w);
     QMIGD_TRY(out_.flush());
     m_.stats_->downtime_ms = ms_since(stop_time);
@@ -381,9 +427,10 @@ Status OutgoingMigration::Runner::run()
 }
 
 OutgoingMigration::OutgoingMigration(uv_loop_t *loop, LoopDispatcher &dispatcher,
-                                     std::vector<RAMBlock> &blocks, OnStatus on_status,
-                                     OnPass on_pass)
-    : loop_(loop), dispatcher_(dispatcher), blocks_(blocks), on_status_(std::move(on_status)),
+                                     std::vector<RAMBlock> &blocks, GuestControl *guest,
+                                     OnStatus on_status, OnPass on_pass)
+    : loop_(loop), dispatcher_(dispatcher), blocks_(blocks), guest_(guest),
+      on_status_(std::move(on_status)),
       on_pass_(std::move(on_pass))
 {
     for (const auto &b : blocks_) {
@@ -405,14 +452,12 @@ void OutgoingMigration::set_status(MigrationStatus s)
     on_status_(s);
 }
 
-Status OutgoingMigration::start(const TcpAddress &addr, const OutgoingParams &params,
-                                GuestHooks hooks)
+Status OutgoingMigration::start(const TcpAddress &addr, const OutgoingParams &params)
 {
     if (thread_.joinable()) {
         thread_.join();
     }
     params_ = params;
-    hooks_ = std::move(hooks);
     max_bandwidth_ = params.max_bandwidth;
     cancel_requested_ = false;
     error_desc_.clear();
@@ -474,20 +519,17 @@ void OutgoingMigration::finish(std::optional<Error> err)
     if (stats_->total_time_ms == 0) {
         stats_->total_time_ms = ms_since(start_time_);
     }
+    if (guest_) {
+        guest_->set_throttle(0); // cpu_throttle_stop()
+    }
     if (cancel_requested_) {
         spdlog::info("migration: cancelled after {} ms", stats_->total_time_ms.load());
-        if (hooks_.resume) {
-            hooks_.resume();
-        }
         set_status(MigrationStatus::Cancelled);
         return;
     }
     if (err) {
         spdlog::error("migration failed: {}", err->message());
         error_desc_ = err->message();
-        if (hooks_.resume) {
-            hooks_.resume();
-        }
         set_status(MigrationStatus::Failed);
         return;
     }
@@ -545,6 +587,9 @@ nlohmann::json OutgoingMigration::query() const
         r["downtime"] = s.downtime_ms.load();
     } else {
         r["expected-downtime"] = s.expected_downtime_ms.load();
+        if (s.cpu_throttle_pct) {
+            r["cpu-throttle-percentage"] = s.cpu_throttle_pct.load();
+        }
     }
     uint64_t normal = s.normal, zero = s.zero;
     r["ram"] = {

@@ -27,6 +27,7 @@
 #include "daemon/ram_blocks.h"
 #include "daemon/tcp_channels.h"
 #include "monitor/migration_config.h"
+#include "ramstate/guest_control.h"
 
 namespace qmigd {
 
@@ -38,13 +39,13 @@ struct OutgoingParams {
     uint64_t downtime_limit_ms = 300;
     std::string machine_type = "none";
     Uuid uuid{};
-};
-
-// Hooks into the guest (pause for switchover); the workload issue plugs a
-// guest control record in here.
-struct GuestHooks {
-    std::function<void()> pause;  // returns once the guest is paused
-    std::function<void()> resume; // after cancel/failure
+    std::string runstate = "running"; // of the VM when the migration starts
+    // auto-converge (QEMU's cpu throttling, applied through GuestControl).
+    bool auto_converge = false;
+    unsigned throttle_initial = 20;
+    unsigned throttle_increment = 10;
+    unsigned max_throttle = 99;
+    unsigned throttle_trigger_threshold = 50;
 };
 
 class OutgoingMigration {
@@ -52,12 +53,14 @@ public:
     using OnStatus = std::function<void(MigrationStatus)>;
     using OnPass = std::function<void(uint64_t)>;
 
+    // `guest` (may be null) is paused for switchover and throttled by
+    // auto-converge; it outlives this object.
     OutgoingMigration(uv_loop_t *loop, LoopDispatcher &dispatcher, std::vector<RAMBlock> &blocks,
-                      OnStatus on_status, OnPass on_pass);
+                      GuestControl *guest, OnStatus on_status, OnPass on_pass);
     ~OutgoingMigration();
 
     // Loop thread.
-    Status start(const TcpAddress &addr, const OutgoingParams &params, GuestHooks hooks);
+    Status start(const TcpAddress &addr, const OutgoingParams &params);
     void cancel();
     MigrationStatus status() const { return status_; }
     nlohmann::json query() const;
@@ -75,13 +78,13 @@ private:
     uv_loop_t *loop_;
     LoopDispatcher &dispatcher_;
     std::vector<RAMBlock> &blocks_;
+    GuestControl *guest_;
     OnStatus on_status_;
     OnPass on_pass_;
 
     // Loop thread only.
     MigrationStatus status_ = MigrationStatus::None;
     OutgoingParams params_;
-    GuestHooks hooks_;
     std::string error_desc_;
     std::thread thread_;
     uint64_t generation_ = 0; // ignores connects of a cancelled attempt
@@ -103,6 +106,7 @@ private:
         std::atomic<int64_t> expected_downtime_ms{0};
         std::atomic<uint64_t> pages_per_second{0};
         std::atomic<double> mbps{0};
+        std::atomic<unsigned> cpu_throttle_pct{0};
     };
     std::unique_ptr<Stats> stats_ = std::make_unique<Stats>(); // replaced at start()
     std::chrono::steady_clock::time_point start_time_;

@@ -209,8 +209,52 @@ def make_image(path, size, content, seed=1):
 
 def remove(*paths):
     for p in paths:
-        for q in (p, p + ".dirty"):
+        for q in (p, p + ".dirty", p + ".ctl"):
             try:
                 os.unlink(q)
             except OSError:
                 pass
+
+
+class Guest:
+    """A `qmigd guest` workload dirtying a RAM image (ended by pid)."""
+
+    def __init__(self, image, rate, pattern="hot", hot_set=64 << 20, seed=1, name="mem"):
+        self.control = image + ".ctl"
+        self.log_path = f"/tmp/{unique_name('guest')}.log"
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [QMIGD, "guest", "--ram", f"{name}={image}", "--rate", str(rate), "--pattern", pattern,
+             "--hot-set", str(hot_set), "--seed", str(seed)],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10
+        while self.pages_written() == 0:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"guest did not start; log {self.log_path}")
+            time.sleep(0.01)
+
+    def record(self):
+        """(pause_req, paused_ack, throttle_pct, guest_pid, heartbeat, pages_written)"""
+        import struct
+        with open(self.control, "rb") as f:
+            return struct.unpack("<6I2Q", f.read(40))[2:]
+
+    def pages_written(self):
+        try:
+            return self.record()[5]
+        except (OSError, Exception):
+            return 0
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        try:
+            os.unlink(self.control)
+        except OSError:
+            pass
