@@ -228,25 +228,13 @@ void IncomingMigration::abort_with(const Error &err)
     }
 }
 
-// Writes the packet's pages: zero pages made zero, then the data (read
-// into `buf` in offset order) one pwrite per run of consecutive pages.
+// Zero pages made zero, then the data (read into `buf` in offset order).
 static Status apply_packet(RamImage &img, const MultiFDPacket &p, const uint8_t *buf)
 {
     for (uint32_t i = 0; i < p.zero_pages; i++) {
         QMIGD_TRY(img.zero_page(p.offsets[p.normal_pages + i]));
     }
-    uint32_t i = 0;
-    while (i < p.normal_pages) {
-        uint32_t run = 1;
-        while (i + run < p.normal_pages &&
-               p.offsets[i + run] == p.offsets[i] + run * TARGET_PAGE_SIZE) {
-            run++;
-        }
-        QMIGD_TRY(img.write(p.offsets[i], buf + size_t(i) * TARGET_PAGE_SIZE,
-                            size_t(run) * TARGET_PAGE_SIZE));
-        i += run;
-    }
-    return {};
+    return img.write_pages(p.offsets.data(), p.normal_pages, buf);
 }
 
 void IncomingMigration::recv_thread_main(size_t id)

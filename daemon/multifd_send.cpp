@@ -150,24 +150,6 @@ Status MultiFDSend::sync()
     return {};
 }
 
-// Reads the batch's pages into ch.data (slot i = page i), one pread per run
-// of consecutive offsets.
-static Status read_pages(const RamImage &img, const MultiFDPages &pages, uint8_t *data)
-{
-    uint32_t i = 0;
-    while (i < pages.num) {
-        uint32_t run = 1;
-        while (i + run < pages.num &&
-               pages.offset[i + run] == pages.offset[i] + run * TARGET_PAGE_SIZE) {
-            run++;
-        }
-        QMIGD_TRY(img.read(pages.offset[i], data + size_t(i) * TARGET_PAGE_SIZE,
-                           size_t(run) * TARGET_PAGE_SIZE));
-        i += run;
-    }
-    return {};
-}
-
 Status MultiFDSend::send_packet(Channel &ch, const MultiFDPages *pages, uint32_t flags)
 {
     uint8_t header[MULTIFD_PACKET_HEADER_SIZE];
@@ -180,7 +162,7 @@ Status MultiFDSend::send_packet(Channel &ch, const MultiFDPages *pages, uint32_t
 
     // Normal pages first, zero pages after them, each in scan order.
     if (num) {
-        QMIGD_TRY(read_pages(*block->image, *pages, ch.data.get()));
+        QMIGD_TRY(block->image->read_pages(pages->offset, num, ch.data.get()));
         uint64_t zeros[MULTIFD_PACKET_PAGES];
         for (uint32_t i = 0; i < num; i++) {
             uint8_t *page = ch.data.get() + size_t(i) * TARGET_PAGE_SIZE;

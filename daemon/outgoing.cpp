@@ -190,6 +190,9 @@ Status OutgoingMigration::Runner::setup()
     ByteWriter &w = out_.w();
     savevm_put_header(w);
     savevm_put_configuration(w, p_.machine_type);
+    // The first bytes leave at once: a QEMU destination's main loop stalls
+    // peeking at a connection until 4 bytes are there (wire-format 7.1).
+    QMIGD_TRY(out_.flush());
     savevm_put_section_header(w, QEMU_VM_SECTION_START, kRamSectionId, "ram", 0,
                               RAM_SECTION_VERSION);
     ram_put_mem_size(w, descs_);

@@ -77,23 +77,48 @@ RamImage::~RamImage()
     }
 }
 
-Status RamImage::read(uint64_t offset, void *dst, size_t len) const
+// Runs a pread/pwrite-style call until all len bytes moved.
+template <typename Io>
+static Status full_io(const std::string &path, const char *what, uint64_t offset, size_t len,
+                      Io io)
 {
-    auto *out = static_cast<uint8_t *>(dst);
-    while (len > 0) {
-        ssize_t n = pread(fd_, out, len, off_t(offset));
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = io(done, len - done, off_t(offset + done));
         if (n < 0 && errno == EINTR) {
             continue;
         }
         if (n <= 0) {
-            return Error(fmt::format("read of RAM image '{}' at 0x{:x} failed: {}", path_, offset,
-                                     n < 0 ? std::strerror(errno) : "end of file"));
+            return Error(fmt::format("{} of RAM image '{}' at 0x{:x} failed: {}", what, path,
+                                     offset + done, n < 0 ? std::strerror(errno) : "short"));
         }
-        out += n;
-        offset += uint64_t(n);
-        len -= size_t(n);
+        done += size_t(n);
     }
     return {};
+}
+
+// Calls fn(first index, pages) for each run of consecutive page offsets.
+template <typename Fn>
+static Status for_each_run(const uint64_t *offsets, uint32_t n, Fn fn)
+{
+    uint32_t i = 0;
+    while (i < n) {
+        uint32_t run = 1;
+        while (i + run < n && offsets[i + run] == offsets[i] + run * TARGET_PAGE_SIZE) {
+            run++;
+        }
+        QMIGD_TRY(fn(i, run));
+        i += run;
+    }
+    return {};
+}
+
+Status RamImage::read(uint64_t offset, void *dst, size_t len) const
+{
+    auto *out = static_cast<uint8_t *>(dst);
+    return full_io(path_, "read", offset, len, [&](size_t done, size_t left, off_t at) {
+        return pread(fd_, out + done, left, at);
+    });
 }
 
 Status RamImage::write(uint64_t offset, const void *src, size_t len)
@@ -106,20 +131,23 @@ Status RamImage::write(uint64_t offset, const void *src, size_t len)
         }
     }
     auto *in = static_cast<const uint8_t *>(src);
-    while (len > 0) {
-        ssize_t n = pwrite(fd_, in, len, off_t(offset));
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n <= 0) {
-            return Error(fmt::format("write of RAM image '{}' at 0x{:x} failed: {}", path_, offset,
-                                     n < 0 ? std::strerror(errno) : "no space"));
-        }
-        in += n;
-        offset += uint64_t(n);
-        len -= size_t(n);
-    }
-    return {};
+    return full_io(path_, "write", offset, len, [&](size_t done, size_t left, off_t at) {
+        return pwrite(fd_, in + done, left, at);
+    });
+}
+
+Status RamImage::read_pages(const uint64_t *offsets, uint32_t n, uint8_t *buf) const
+{
+    return for_each_run(offsets, n, [&](uint32_t i, uint32_t run) {
+        return read(offsets[i], buf + size_t(i) * TARGET_PAGE_SIZE, size_t(run) * TARGET_PAGE_SIZE);
+    });
+}
+
+Status RamImage::write_pages(const uint64_t *offsets, uint32_t n, const uint8_t *buf)
+{
+    return for_each_run(offsets, n, [&](uint32_t i, uint32_t run) {
+        return write(offsets[i], buf + size_t(i) * TARGET_PAGE_SIZE, size_t(run) * TARGET_PAGE_SIZE);
+    });
 }
 
 void RamImage::scan_holes()

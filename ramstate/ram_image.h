@@ -38,6 +38,10 @@ public:
     // Writes len bytes at offset (receive side); the pages stop being known
     // zero. Thread-safe for distinct ranges.
     Status write(uint64_t offset, const void *src, size_t len);
+    // Scattered pages <-> a packed buffer (page i at buf + i * 4096), one
+    // system call per run of consecutive offsets. Offsets must be valid.
+    Status read_pages(const uint64_t *offsets, uint32_t n, uint8_t *buf) const;
+    Status write_pages(const uint64_t *offsets, uint32_t n, const uint8_t *buf);
 
     // Marks which pages are holes in the file (never written, so zero).
     // Call before a migration writes into the image.

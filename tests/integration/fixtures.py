@@ -91,3 +91,14 @@ def good_run(src, imgs, dst):
     _, s, d, _ = imgs[0]
     migrate(src, dst, True, 2, "multifd")
     check(files_equal(s, d), "images differ after the follow-up migration")
+
+
+def good_run_with_new(kind, role, imgs, other):
+    """A good migration with a fresh `kind` peer in `role`, replacing one
+    that went away, and `other` on the far side."""
+    ram = [(n, d if role == "dest" else s, z) for n, s, d, z in imgs]
+    new = Peer(kind, role, ram, role + "2")
+    try:
+        good_run(other, imgs, new) if role == "dest" else good_run(new, imgs, other)
+    finally:
+        new.stop()

@@ -4,8 +4,8 @@ migration on the same daemons."""
 import time
 
 from itest import test, main, check
-from fixtures import images, peers, begin, good_run, MiB
-from runner import Peer, wait_status, free_port
+from fixtures import images, peers, begin, good_run, good_run_with_new, MiB
+from runner import wait_status, free_port
 
 SIZE = 64 * MiB
 
@@ -30,11 +30,7 @@ def test_cancel_qmigd_to_qemu():
         src.qmp.cmd("migrate_cancel")
         wait_status(src, ("cancelled",), timeout=10, fail_on=("failed", "completed"))
         # QEMU's destination exits after a failed load; a new one takes over.
-        dst2 = Peer("qemu", "dest", [(n, d, z) for n, _, d, z in imgs], "dst2")
-        try:
-            good_run(src, imgs, dst2)
-        finally:
-            dst2.stop()
+        good_run_with_new("qemu", "dest", imgs, src)
 
 
 @test
@@ -67,11 +63,7 @@ def test_destination_disappears():
         info = wait_status(src, ("failed",), timeout=10, fail_on=("completed",))
         check("error-desc" in info, info)
         check(src.qmp.cmd("query-status")["status"] == "running")
-        dst2 = Peer("qmigd", "dest", [(n, d, z) for n, _, d, z in imgs], "dst2")
-        try:
-            good_run(src, imgs, dst2)
-        finally:
-            dst2.stop()
+        good_run_with_new("qmigd", "dest", imgs, src)
 
 
 @test
@@ -81,11 +73,7 @@ def test_source_disappears():
         src.stop()
         d = wait_status(dst, ("failed",), timeout=10, fail_on=("completed",))
         check("error-desc" in d, d)
-        src2 = Peer("qmigd", "source", [(n, s, z) for n, s, _, z in imgs], "src2")
-        try:
-            good_run(src2, imgs, dst)
-        finally:
-            src2.stop()
+        good_run_with_new("qmigd", "source", imgs, dst)
 
 
 if __name__ == "__main__":
