@@ -1,0 +1,63 @@
+// libFuzzer target: arbitrary bytes as a main channel (plain and multifd
+// configurations) and as a multifd packet header. The decoders must reject
+// or accept without touching memory outside what they validated.
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "protocol/loadvm.h"
+#include "protocol/multifd_packet.h"
+
+using namespace qmigd;
+
+namespace {
+
+constexpr uint64_t kBlockSize = 8 * TARGET_PAGE_SIZE;
+
+struct BoundedRam : LoadvmHandler {
+    std::vector<uint8_t> ram = std::vector<uint8_t>(kBlockSize);
+    Status put_page(size_t block, uint64_t offset, const uint8_t *data) override
+    {
+        if (block != 0 || offset + TARGET_PAGE_SIZE > ram.size()) {
+            __builtin_trap(); // the loader let an invalid page through
+        }
+        std::memcpy(ram.data() + offset, data, TARGET_PAGE_SIZE);
+        return {};
+    }
+    Status zero_page(size_t block, uint64_t offset) override
+    {
+        if (block != 0 || offset + TARGET_PAGE_SIZE > ram.size()) {
+            __builtin_trap();
+        }
+        std::memset(ram.data() + offset, 0, TARGET_PAGE_SIZE);
+        return {};
+    }
+    Status multifd_flush() override { return {}; }
+};
+
+} // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    for (bool multifd : {false, true}) {
+        LoadvmConfig cfg;
+        cfg.blocks = {{"mem", kBlockSize}};
+        cfg.multifd = multifd;
+        MemoryInputStream in(data, size);
+        QEMUFileReader f(in, 256);
+        BoundedRam ram;
+        (void)qemu_loadvm_state(f, cfg, ram);
+    }
+    if (size >= MULTIFD_PACKET_HEADER_SIZE) {
+        RamBlockDesc blocks[] = {{"mem", kBlockSize}};
+        auto p = multifd_packet_decode(data, blocks);
+        if (p.ok()) {
+            for (uint32_t i = 0; i < p->normal_pages + p->zero_pages; i++) {
+                if (p->offsets[i] + TARGET_PAGE_SIZE > kBlockSize || p->offsets[i] % TARGET_PAGE_SIZE) {
+                    __builtin_trap();
+                }
+            }
+        }
+    }
+    return 0;
+}
