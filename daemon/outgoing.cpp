@@ -55,7 +55,7 @@ public:
 private:
     Status setup();
     Status iterate();
-    void update_counters(bool force);
+    void update_counters();
     Status complete();
     Status send_part(bool *round_done);
     Status send_dirty(bool until_done, bool *round_done);
@@ -329,11 +329,11 @@ Status OutgoingMigration::Runner::send_part(bool *round_done)
 // Every 100 ms, like migration_update_counters(): the bandwidth of the
 // last window gives the switchover threshold (bandwidth x downtime-limit)
 // and the expected downtime.
-void OutgoingMigration::Runner::update_counters(bool force)
+void OutgoingMigration::Runner::update_counters()
 {
     auto now = Clock::now();
     double secs = std::chrono::duration<double>(now - update_start_).count();
-    if (!force && secs < 0.1) {
+    if (secs < 0.1) {
         return;
     }
     uint64_t bytes = transferred();
@@ -373,7 +373,7 @@ Status OutgoingMigration::Runner::iterate()
         }
         bool round_done = false;
         QMIGD_TRY(send_part(&round_done));
-        update_counters(false);
+        update_counters();
     }
 }
 
@@ -470,7 +470,8 @@ Status OutgoingMigration::start(const TcpAddress &addr, const OutgoingParams &pa
     spdlog::info("migration: start to {}:{} (multifd {}, {} channels, zero-page-detection {}, "
                  "{} bytes of RAM)",
                  addr.host, addr.port, params.multifd ? "on" : "off",
-                 params.multifd ? params.channels : 0, int(params.zpd), total_bytes_);
+                 params.multifd ? params.channels : 0, zero_page_detection_name(params.zpd),
+                 total_bytes_);
     uint64_t gen = ++generation_;
     tcp_connect_all(loop_, addr, 1 + (params.multifd ? params.channels : 0),
                     [this, gen](Result<std::vector<int>> fds) {

@@ -19,6 +19,11 @@ namespace qmigd {
 
 enum class ZeroPageDetection { None, Legacy, Multifd };
 
+inline const char *zero_page_detection_name(ZeroPageDetection z)
+{
+    return z == ZeroPageDetection::None ? "none" : z == ZeroPageDetection::Legacy ? "legacy" : "multifd";
+}
+
 class MigrationConfig {
 public:
     MigrationConfig();
