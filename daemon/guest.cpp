@@ -110,7 +110,7 @@ Status run_guest(const GuestOptions &opts)
         credit_pages += dt * double(opts.rate) * (100 - gc.throttle()) / 100.0;
         credit_pages = std::min(credit_pages, double(opts.rate) / 10); // no long bursts
         while (credit_pages >= 1 && !g_stop) {
-            if (!gc.check_pause()) {
+            if (!gc.check_pause(g_stop)) {
                 pace_start = Clock::now(); // paused time earns nothing
                 credit_pages = 0;
                 break;
@@ -127,7 +127,7 @@ Status run_guest(const GuestOptions &opts)
             gc.count_write();
             credit_pages -= 1;
         }
-        gc.check_pause();
+        gc.check_pause(g_stop);
         std::this_thread::sleep_for(std::chrono::microseconds(500));
     }
     gc.detach();

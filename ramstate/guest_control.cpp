@@ -104,14 +104,14 @@ void GuestControl::detach()
     field(rec_->paused_ack).store(0, std::memory_order_release);
 }
 
-bool GuestControl::check_pause()
+bool GuestControl::check_pause(const std::atomic<bool> &stop)
 {
     field(rec_->heartbeat).fetch_add(1, std::memory_order_relaxed);
     if (field(rec_->pause_req).load(std::memory_order_acquire) == 0) {
         return true;
     }
     field(rec_->paused_ack).store(1, std::memory_order_release);
-    while (field(rec_->pause_req).load(std::memory_order_acquire) != 0) {
+    while (field(rec_->pause_req).load(std::memory_order_acquire) != 0 && !stop) {
         std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
     field(rec_->paused_ack).store(0, std::memory_order_release);

@@ -49,9 +49,10 @@ public:
     // --- guest side ---
     void attach();
     void detach();
-    // Called between page writes: acknowledges and waits out a pause.
-    // Returns false if it had to wait (the caller may reset its pacing).
-    bool check_pause();
+    // Called between page writes: acknowledges and waits out a pause (or
+    // until `stop` is set). Returns false if it had to wait (the caller may
+    // reset its pacing).
+    bool check_pause(const std::atomic<bool> &stop);
     void count_write();
 
     const std::string &path() const { return path_; }

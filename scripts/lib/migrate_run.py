@@ -15,8 +15,12 @@ Scenario file (every key optional except source and destination):
   "uri": "tcp:127.0.0.1:0",
   "guest": {"rate": 20000, "pattern": "hot", "hot-set": "64M", "seed": 1},
   "verify": true,
+  "keep-images": false,
   "timeout": 600
 }
+
+Images of launched peers are made by the run and removed after it unless
+"keep-images" is true.
 
 Port 0 in the uri asks the destination for a free port (read back from
 query-migrate's socket-address, as QEMU 10 reports it).
@@ -65,9 +69,11 @@ class Side:
             self.qmp = QMP(spec["qmp"])
             self.kind = "monitor"
 
-    def close(self):
+    def close(self, keep_images=False):
         if self.peer:
             self.peer.stop()
+            if not keep_images:  # the images this run made
+                runner.remove(*self.images)
         else:
             self.qmp.close()
 
@@ -187,10 +193,14 @@ def run(scn, out=sys.stdout):
     finally:
         if guest:
             guest.terminate()
-            guest.wait()
+            try:
+                guest.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                guest.kill()
+                guest.wait()
         for side in (src, dst):
             if side:
-                side.close()
+                side.close(scn.get("keep-images", False))
 
 
 def verify(scn, src, dst, out):

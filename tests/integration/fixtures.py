@@ -1,4 +1,5 @@
 """Shared pieces of the integration tests: images, peers, one migration."""
+import atexit
 import contextlib
 import os
 import shutil
@@ -28,6 +29,10 @@ def drop_templates():
     for p in _templates.values():
         remove(p)
     _templates.clear()
+
+
+# Whatever way a test file ends, its /dev/shm templates go.
+atexit.register(drop_templates)
 
 
 @contextlib.contextmanager

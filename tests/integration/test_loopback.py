@@ -2,7 +2,7 @@
 """qmigd -> qmigd over loopback only (no QEMU): the set the sanitizer
 builds run (ASan+UBSan, TSan), covering the thread hand-offs."""
 from itest import test, main, check
-from fixtures import run_cell, drop_templates, MiB
+from fixtures import run_cell, MiB
 from fixtures import images, peers, begin, good_run
 from runner import wait_status
 
@@ -24,11 +24,6 @@ def test_cancel_then_migrate():
         wait_status(src, ("cancelled",), timeout=10, fail_on=("failed", "completed"))
         wait_status(dst, ("failed",), timeout=10, fail_on=("completed",))
         good_run(src, imgs, dst)
-
-
-@test
-def test_zz_cleanup():
-    drop_templates()
 
 
 if __name__ == "__main__":

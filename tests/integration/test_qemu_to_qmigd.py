@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """QEMU 10 source -> qmigd dest: byte-identical images across the grid."""
 from itest import test, main, check
-from fixtures import run_cell, drop_templates, ODD_SIZE, MiB
+from fixtures import run_cell, ODD_SIZE, MiB
 
 GiB = 1024 * MiB
 CHANNELS = [(False, 0), (True, 1), (True, 2), (True, 4), (True, 8)]
@@ -34,11 +34,6 @@ cell(GiB, "mixed", True, 4, "multifd")
 cell(GiB, "mixed", True, 8, "legacy")
 cell(GiB, "random", False, 0, "none")
 cell(GiB, "zero", True, 2, "multifd", dest="garbage")
-
-
-@test
-def test_zz_cleanup():
-    drop_templates()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """qmigd source -> QEMU 10 dest and -> qmigd dest; counters against QEMU's."""
 from itest import test, main, check
-from fixtures import run_cell, drop_templates, ODD_SIZE, MiB
+from fixtures import run_cell, ODD_SIZE, MiB
 
 CHANNELS = [(False, 0), (True, 1), (True, 2), (True, 4), (True, 8)]
 ZPD = ["none", "legacy", "multifd"]
@@ -42,11 +42,6 @@ def same_counters(multifd, channels, zpd):
 for multifd, ch in [(False, 2), (True, 2), (True, 4)]:
     for zpd in ZPD:
         same_counters(multifd, ch, zpd)
-
-
-@test
-def test_zz_cleanup():
-    drop_templates()
 
 
 if __name__ == "__main__":
