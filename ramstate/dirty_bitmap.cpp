@@ -2,14 +2,6 @@
 
 #include <atomic>
 #include <bit>
-#include <cerrno>
-#include <cstring>
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <fmt/format.h>
 
 namespace qmigd {
 
@@ -18,36 +10,17 @@ static_assert(std::endian::native == std::endian::little,
 
 Result<std::unique_ptr<DirtyBitmap>> DirtyBitmap::open(const std::string &path, uint64_t pages)
 {
+    auto file = SharedFile::open(path, dirty_bitmap_bytes(pages), "dirty bitmap");
+    QMIGD_TRY(file);
     std::unique_ptr<DirtyBitmap> bm(new DirtyBitmap());
-    bm->path_ = path;
+    bm->file_ = std::move(*file);
+    bm->bits_ = static_cast<uint64_t *>(bm->file_->data());
     bm->pages_ = pages;
     bm->words_ = (pages + 63) / 64;
-    size_t bytes = dirty_bitmap_bytes(pages);
-    bm->fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    struct stat st;
-    if (bm->fd_ < 0 || fstat(bm->fd_, &st) < 0) {
-        return Error(fmt::format("cannot open dirty bitmap '{}': {}", path, std::strerror(errno)));
-    }
-    if (size_t(st.st_size) != bytes && ftruncate(bm->fd_, off_t(bytes)) < 0) {
-        return Error(fmt::format("cannot size dirty bitmap '{}': {}", path, std::strerror(errno)));
-    }
-    void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, bm->fd_, 0);
-    if (p == MAP_FAILED) {
-        return Error(fmt::format("cannot map dirty bitmap '{}': {}", path, std::strerror(errno)));
-    }
-    bm->bits_ = static_cast<uint64_t *>(p);
     return bm;
 }
 
-DirtyBitmap::~DirtyBitmap()
-{
-    if (bits_) {
-        munmap(bits_, dirty_bitmap_bytes(pages_));
-    }
-    if (fd_ >= 0) {
-        close(fd_);
-    }
-}
+DirtyBitmap::~DirtyBitmap() = default;
 
 void DirtyBitmap::set_dirty(uint64_t page)
 {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "protocol/error.h"
+#include "ramstate/shared_file.h"
 
 namespace qmigd {
 
@@ -25,7 +26,7 @@ public:
 
     uint64_t pages() const { return pages_; }
     size_t words() const { return words_; }
-    const std::string &path() const { return path_; }
+    const std::string &path() const { return file_->path(); }
 
     // Writer side: mark a page dirty (after writing it).
     void set_dirty(uint64_t page);
@@ -36,9 +37,8 @@ public:
 private:
     DirtyBitmap() = default;
 
-    std::string path_;
-    int fd_ = -1;
-    uint64_t *bits_ = nullptr; // shared with other processes: atomic access only
+    std::unique_ptr<SharedFile> file_;
+    uint64_t *bits_ = nullptr; // in file_, shared with other processes: atomic access only
     uint64_t pages_ = 0;
     size_t words_ = 0;
 };

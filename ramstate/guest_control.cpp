@@ -3,9 +3,6 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <thread>
 #include <unistd.h>
 
@@ -15,18 +12,11 @@ namespace qmigd {
 
 Result<std::unique_ptr<GuestControl>> GuestControl::open(const std::string &path)
 {
+    auto file = SharedFile::open(path, sizeof(GuestControlRecord), "guest control");
+    QMIGD_TRY(file);
     std::unique_ptr<GuestControl> gc(new GuestControl());
-    gc->path_ = path;
-    gc->fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (gc->fd_ < 0 || ftruncate(gc->fd_, sizeof(GuestControlRecord)) < 0) {
-        return Error(fmt::format("cannot open guest control '{}': {}", path, std::strerror(errno)));
-    }
-    void *p = mmap(nullptr, sizeof(GuestControlRecord), PROT_READ | PROT_WRITE, MAP_SHARED,
-                   gc->fd_, 0);
-    if (p == MAP_FAILED) {
-        return Error(fmt::format("cannot map guest control '{}': {}", path, std::strerror(errno)));
-    }
-    gc->rec_ = static_cast<GuestControlRecord *>(p);
+    gc->file_ = std::move(*file);
+    gc->rec_ = static_cast<GuestControlRecord *>(gc->file_->data());
     uint32_t expected = 0;
     // First opener initialises the record (a fresh file is all zeros).
     if (std::atomic_ref<uint32_t>(gc->rec_->magic).compare_exchange_strong(expected,
@@ -38,15 +28,7 @@ Result<std::unique_ptr<GuestControl>> GuestControl::open(const std::string &path
     return gc;
 }
 
-GuestControl::~GuestControl()
-{
-    if (rec_) {
-        munmap(rec_, sizeof(GuestControlRecord));
-    }
-    if (fd_ >= 0) {
-        close(fd_);
-    }
-}
+GuestControl::~GuestControl() = default;
 
 bool GuestControl::guest_attached() const
 {

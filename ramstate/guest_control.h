@@ -10,6 +10,7 @@
 #include <string>
 
 #include "protocol/error.h"
+#include "ramstate/shared_file.h"
 
 namespace qmigd {
 
@@ -55,7 +56,7 @@ public:
     bool check_pause(const std::atomic<bool> &stop);
     void count_write();
 
-    const std::string &path() const { return path_; }
+    const std::string &path() const { return file_->path(); }
 
 private:
     GuestControl() = default;
@@ -65,9 +66,8 @@ private:
         return std::atomic_ref<T>(f);
     }
 
-    std::string path_;
-    int fd_ = -1;
-    GuestControlRecord *rec_ = nullptr; // shared with another process
+    std::unique_ptr<SharedFile> file_;
+    GuestControlRecord *rec_ = nullptr; // in file_, shared with another process
 };
 
 } // namespace qmigd

@@ -2,6 +2,7 @@
 """QMP conformance: the same script against QEMU 10 -M none and against
 qmigd (both roles), comparing reply shapes, error classes and texts; plus
 events, concurrent clients, malformed input and `qmig run` pairings."""
+import contextlib
 import json
 import os
 import socket
@@ -130,50 +131,47 @@ def compare(script, qemu_replies, ours, differences):
             differences.append(f"{line}\n   QEMU:  {json.dumps(a)[:400]}\n   qmigd: {json.dumps(b)[:400]}")
 
 
-@test
-def test_conformance_source_role():
-    img = f"/dev/shm/{unique_name('conf')}.ram"
+@contextlib.contextmanager
+def qemu_and_qmigd(role, script):
+    """A QEMU 10 and a qmigd in `role`, each run through `script`; yields
+    (qemu, ours, greetings, differences found), the peers' monitors open."""
+    imgs = [f"/dev/shm/{unique_name('conf')}.ram" for _ in range(2)]
     qemu = ours = None
     try:
-        qemu = Peer("qemu", "source", [("mem", img, SIZE)], "conf-q")
-        ours = Peer("qmigd", "source", [("mem", img, SIZE)], "conf-o")
-        qemu.release_monitor()
-        greet_q, rq = run_script(qemu.qmp_path, SCRIPT)
-        greet_o, ro = run_script(ours.qmp_path, SCRIPT)
+        qemu = Peer("qemu", role, [("mem", imgs[0], SIZE)], "conf-q")
+        ours = Peer("qmigd", role, [("mem", imgs[1], SIZE)], "conf-o")
+        qemu.release_monitor()  # QEMU serves one QMP client at a time
+        greet_q, rq = run_script(qemu.qmp_path, script)
+        greet_o, ro = run_script(ours.qmp_path, script)
+        qemu.reconnect_monitor()
+        diffs = []
+        compare(script, rq, ro, diffs)
+        yield qemu, ours, (greet_q, greet_o), diffs
+    finally:
+        for p in (qemu, ours):
+            if p:
+                p.stop()
+        remove(*imgs)
+
+
+@test
+def test_conformance_source_role():
+    with qemu_and_qmigd("source", SCRIPT) as (qemu, ours, (greet_q, greet_o), diffs):
         check(set(greet_q["QMP"]) == set(greet_o["QMP"]), (greet_q, greet_o))
         check(greet_o["QMP"]["version"]["qemu"] == {"major": 10, "minor": 0, "micro": 2})
-        diffs = []
-        compare(SCRIPT, rq, ro, diffs)
-        # query-migrate-parameters: the same members with the same defaults
-        # (qmigd's values after the script equal QEMU's after the script).
-        qemu.reconnect_monitor()
+        # query-migrate-parameters: the same members with the same values
+        # after the script.
         pq = qemu.qmp.cmd("query-migrate-parameters")
         po = ours.qmp.cmd("query-migrate-parameters")
         for k in sorted(set(pq) | set(po)):
             if pq.get(k) != po.get(k):
                 diffs.append(f"query-migrate-parameters {k}: QEMU {pq.get(k)!r} qmigd {po.get(k)!r}")
         check(not diffs, "differences from QEMU 10:\n" + "\n".join(diffs))
-    finally:
-        for p in (qemu, ours):
-            if p:
-                p.stop()
-        remove(img)
 
 
 @test
 def test_conformance_destination_role():
-    img_q = f"/dev/shm/{unique_name('confd')}.ram"
-    img_o = f"/dev/shm/{unique_name('confd')}.ram"
-    qemu = ours = None
-    try:
-        qemu = Peer("qemu", "dest", [("mem", img_q, SIZE)], "confd-q")
-        ours = Peer("qmigd", "dest", [("mem", img_o, SIZE)], "confd-o")
-        qemu.release_monitor()
-        _, rq = run_script(qemu.qmp_path, DEST_SCRIPT)
-        _, ro = run_script(ours.qmp_path, DEST_SCRIPT)
-        qemu.reconnect_monitor()
-        diffs = []
-        compare(DEST_SCRIPT, rq, ro, diffs)
+    with qemu_and_qmigd("dest", DEST_SCRIPT) as (qemu, ours, _, diffs):
         check(not diffs, "differences from QEMU 10:\n" + "\n".join(diffs))
         # Both report the real port for port 0 and look the same.
         aq = qemu.qmp.cmd("query-migrate")
@@ -181,11 +179,6 @@ def test_conformance_destination_role():
         check(aq["status"] == ao["status"] == "setup", (aq, ao))
         check(int(ao["socket-address"][0]["port"]) > 0, ao)
         check(set(aq["socket-address"][0]) == set(ao["socket-address"][0]), (aq, ao))
-    finally:
-        for p in (qemu, ours):
-            if p:
-                p.stop()
-        remove(img_q, img_o)
 
 
 def migration_events(src_kind):

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "ramstate/dirty_bitmap.h"
+#include "ramstate/guest_control.h"
 #include "ramstate/ram_image.h"
 #include "ramstate/zero_page.h"
 
@@ -139,4 +140,49 @@ TEST_CASE("dirty bitmap: no bit is lost while a writer races with syncs", "[dirt
     for (auto w : seen) {
         REQUIRE(w == ~uint64_t(0));
     }
+}
+
+TEST_CASE("guest control: pause is a handshake; no guest means no wait", "[guest_control]")
+{
+    Unlink u{shm_path("ctl")};
+    auto src = GuestControl::open(u.path);
+    auto guest = GuestControl::open(u.path); // the other side maps the same file
+    REQUIRE(src.ok());
+    REQUIRE(guest.ok());
+    // Nobody attached: pause returns at once.
+    CHECK((*src)->pause(std::chrono::milliseconds(10)).ok());
+    (*src)->resume();
+
+    std::atomic<bool> stop{false};
+    std::atomic<uint64_t> writes{0};
+    std::atomic<bool> writing{false};
+    (*guest)->attach();
+    std::thread g([&] {
+        while (!stop) {
+            (*guest)->check_pause(stop);
+            writing = true; // a "page write" in flight
+            writes++;
+            writing = false;
+        }
+    });
+    while (writes < 1000) {
+        std::this_thread::yield();
+    }
+    REQUIRE((*src)->pause(std::chrono::seconds(5)).ok());
+    CHECK_FALSE(writing.load()); // acknowledged between writes
+    uint64_t frozen = writes;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(writes == frozen);
+    (*src)->resume();
+    while (writes < frozen + 1000) {
+        std::this_thread::yield();
+    }
+    (*src)->set_throttle(150);
+    CHECK((*guest)->throttle() == 99);
+    // A pause wait ends when the guest is told to stop.
+    REQUIRE((*src)->pause(std::chrono::seconds(5)).ok());
+    stop = true;
+    g.join();
+    (*guest)->detach();
+    CHECK_FALSE((*src)->guest_attached());
 }

@@ -1,0 +1,49 @@
+#include "ramstate/shared_file.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+namespace qmigd {
+
+Result<std::unique_ptr<SharedFile>> SharedFile::open(const std::string &path, size_t bytes,
+                                                     const char *what)
+{
+    std::unique_ptr<SharedFile> f(new SharedFile());
+    f->path_ = path;
+    auto fail = [&](const char *step) {
+        return Error(fmt::format("cannot {} {} '{}': {}", step, what, path, std::strerror(errno)));
+    };
+    f->fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    struct stat st;
+    if (f->fd_ < 0 || fstat(f->fd_, &st) < 0) {
+        return fail("open");
+    }
+    if (size_t(st.st_size) != bytes && ftruncate(f->fd_, off_t(bytes)) < 0) {
+        return fail("size");
+    }
+    void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f->fd_, 0);
+    if (p == MAP_FAILED) {
+        return fail("map");
+    }
+    f->data_ = p;
+    f->size_ = bytes;
+    return f;
+}
+
+SharedFile::~SharedFile()
+{
+    if (data_) {
+        munmap(data_, size_);
+    }
+    if (fd_ >= 0) {
+        close(fd_);
+    }
+}
+
+} // namespace qmigd

@@ -1,0 +1,36 @@
+// A small file in shared memory that other processes map too (the dirty
+// bitmap, the guest control record): created if missing, sized, and mapped
+// MAP_SHARED read-write.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "protocol/error.h"
+
+namespace qmigd {
+
+class SharedFile {
+public:
+    // `what` names the file in errors ("dirty bitmap", ...).
+    static Result<std::unique_ptr<SharedFile>> open(const std::string &path, size_t bytes,
+                                                    const char *what);
+    ~SharedFile();
+    SharedFile(const SharedFile &) = delete;
+    SharedFile &operator=(const SharedFile &) = delete;
+
+    void *data() const { return data_; }
+    size_t size() const { return size_; }
+    const std::string &path() const { return path_; }
+
+private:
+    SharedFile() = default;
+
+    std::string path_;
+    int fd_ = -1;
+    void *data_ = nullptr;
+    size_t size_ = 0;
+};
+
+} // namespace qmigd
