@@ -1,7 +1,7 @@
 // Blocking socket I/O for the migration threads (the data path).
 //
 // libuv sets channels up (listen, accept, classify, connect); each data
-// channel then belongs to one thread doing blocking readv/writev on its own
+// channel then belongs to one thread doing blocking read/writev on its own
 // dup of the fd, the way QEMU's multifd threads own their QIOChannels. That
 // keeps the hot path free of loop hand-offs and lets pages be read straight
 // into the mapped image.
