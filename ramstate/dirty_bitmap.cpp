@@ -40,6 +40,12 @@ uint64_t DirtyBitmap::sync_and_clear(std::vector<uint64_t> &dest)
             continue;
         }
         uint64_t bits = w.exchange(0, std::memory_order_acquire);
+        if (i == words_ - 1 && pages_ % 64) {
+            // Bits past the last page mean nothing (ramstate/README.md); a
+            // writer that sets them must not make us send pages that are not
+            // in the image.
+            bits &= (uint64_t(1) << (pages_ % 64)) - 1;
+        }
         count += uint64_t(std::popcount(bits & ~dest[i]));
         dest[i] |= bits;
     }

@@ -98,6 +98,12 @@ TEST_CASE("dirty bitmap: get-and-clear collects each set bit once", "[dirty_bitm
     CHECK(b.sync_and_clear(dest) == 0);
     b.set_dirty(0); // already pending in dest: not counted twice
     CHECK(b.sync_and_clear(dest) == 0);
+    // Bits past page 129 (of 130) are ignored, never handed on.
+    std::fill(dest.begin(), dest.end(), 0);
+    b.set_dirty(130);
+    b.set_dirty(191);
+    CHECK(b.sync_and_clear(dest) == 0);
+    CHECK(dest[2] == 0);
     // The file is the documented format: little-endian words.
     int fd = ::open(u.path.c_str(), O_RDONLY);
     off_t len = lseek(fd, 0, SEEK_END);
