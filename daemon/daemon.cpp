@@ -286,7 +286,7 @@ void Daemon::shutdown()
 
 Status Daemon::run()
 {
-    auto blocks = ram_blocks_open(opts_.ram_specs, opts_.role == Role::Source);
+    auto blocks = ram_blocks_open(opts_.ram_specs, opts_.role == Role::Source, opts_.page_path);
     QMIGD_TRY(blocks);
     blocks_ = std::move(*blocks);
     dispatcher_ = std::make_unique<LoopDispatcher>(&loop_);
@@ -295,7 +295,9 @@ Status Daemon::run()
     if (opts_.role == Role::Destination) {
         incoming_ = std::make_unique<IncomingMigration>(&loop_, *dispatcher_, blocks_, on_status);
     } else {
-        std::string ctl = opts_.control_path.empty() ? blocks_.front().image->path() + ".ctl"
+        const RamImage &first = *blocks_.front().image;
+        std::string ctl = opts_.control_path.empty()
+                              ? side_file_path(first.path(), first.backing(), ".ctl")
                                                      : opts_.control_path;
         auto gc = GuestControl::open(ctl);
         QMIGD_TRY(gc);
@@ -306,10 +308,6 @@ Status Daemon::run()
     }
     register_commands();
     QMIGD_TRY(qmp_->listen(opts_.qmp_path));
-    for (auto &b : blocks_) {
-        spdlog::info("RAM block '{}': {} ({} bytes)", b.desc.idstr, b.image->path(),
-                     b.desc.used_length);
-    }
     if (opts_.role == Role::Destination && opts_.incoming != "defer") {
         auto r = start_incoming(opts_.incoming);
         if (auto *e = std::get_if<QmpError>(&r)) {

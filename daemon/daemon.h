@@ -27,6 +27,7 @@ struct DaemonOptions {
     std::string machine_type = "none";
     Uuid uuid{};
     std::string control_path; // source: guest control record (default IMAGE.ctl)
+    PagePathMode page_path = PagePathMode::Auto;
 };
 
 class Daemon {

@@ -74,9 +74,12 @@ void write_page(uint8_t *page, XorShift &rng)
 
 Status run_guest(const GuestOptions &opts)
 {
-    auto blocks = ram_blocks_open(opts.ram_specs, true);
+    // The workload writes through the mapping, like a vCPU: nothing to measure.
+    auto blocks = ram_blocks_open(opts.ram_specs, true, PagePathMode::File);
     QMIGD_TRY(blocks);
-    std::string ctl = opts.control_path.empty() ? blocks->front().image->path() + ".ctl"
+    const RamImage &first = *blocks->front().image;
+    std::string ctl = opts.control_path.empty()
+                          ? side_file_path(first.path(), first.backing(), ".ctl")
                                                 : opts.control_path;
     auto control = GuestControl::open(ctl);
     QMIGD_TRY(control);

@@ -228,21 +228,29 @@ void IncomingMigration::abort_with(const Error &err)
     }
 }
 
-// Zero pages made zero, then the data (read into `buf` in offset order).
-static Status apply_packet(RamImage &img, const MultiFDPacket &p, const uint8_t *buf)
+// Receives a packet's page data into the image (straight into the
+// mapping, or through `buf` and pwrite: the image's page path), and makes
+// its zero pages zero.
+static Status receive_packet(int fd, RamImage &img, const MultiFDPacket &p, uint8_t *buf)
 {
     for (uint32_t i = 0; i < p.zero_pages; i++) {
         QMIGD_TRY(img.zero_page(p.offsets[p.normal_pages + i]));
     }
-    return img.write_pages(p.offsets.data(), p.normal_pages, buf);
+    if (!p.normal_pages) {
+        return {};
+    }
+    struct iovec iov[MULTIFD_PACKET_PAGES];
+    int niov = 0;
+    QMIGD_TRY(img.prepare_pages(p.offsets.data(), p.normal_pages, buf, iov, &niov));
+    QMIGD_TRY(readv_full(fd, iov, niov));
+    return img.commit_pages(p.offsets.data(), p.normal_pages, buf);
 }
 
 void IncomingMigration::recv_thread_main(size_t id)
 {
     const int fd = multifd_[id]->fd;
     uint8_t header[MULTIFD_PACKET_HEADER_SIZE];
-    // Page data lands here first: a reused, already-mapped buffer (see
-    // RamImage::write for why not the image mapping).
+    // Page data lands here on the File path: a reused, already-mapped buffer.
     std::unique_ptr<uint8_t[]> buf(new uint8_t[MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE]);
     for (;;) {
         auto got = read_full(fd, header, sizeof(header));
@@ -254,14 +262,8 @@ void IncomingMigration::recv_thread_main(size_t id)
         }
         auto p = multifd_packet_decode(header, load_cfg_.blocks);
         Status st = p.status();
-        if (st && p->normal_pages) {
-            auto r = read_full(fd, buf.get(), p->data_bytes());
-            st = !r ? r.status()
-                 : *r == 0 ? Status(Error("unexpected end of stream in the middle of a packet"))
-                           : Status();
-        }
         if (st) {
-            st = apply_packet(*blocks_[p->block].image, *p, buf.get());
+            st = receive_packet(fd, *blocks_[p->block].image, *p, buf.get());
         }
         if (!st) {
             abort_with(Error(st.error()).prepend(fmt::format("multifd channel {}: ", id)));

@@ -13,8 +13,12 @@ using namespace qmigd;
 
 namespace {
 
-void add_common(CLI::App *cmd, DaemonOptions &o, std::string &uuid, std::string &level)
+void add_common(CLI::App *cmd, DaemonOptions &o, std::string &uuid, std::string &level,
+                std::string &page_path)
 {
+    cmd->add_option("--page-path", page_path,
+                    "auto|file|mapped: how page data moves (default auto: measured)")
+        ->check(CLI::IsMember({"auto", "file", "mapped"}));
     cmd->add_option("--qmp", o.qmp_path, "QMP monitor unix socket path")->required();
     cmd->add_option("--ram", o.ram_specs, "RAM block: NAME=FILE[,size=BYTES][,dirty=PATH]")
         ->required();
@@ -33,10 +37,11 @@ int main(int argc, char **argv)
     app.require_subcommand(1);
     DaemonOptions src, dst;
     std::string src_uuid, dst_uuid, src_level = "info", dst_level = "info";
+    std::string src_path = "auto", dst_path = "auto";
     auto *source = app.add_subcommand("source", "migration source");
-    add_common(source, src, src_uuid, src_level);
+    add_common(source, src, src_uuid, src_level, src_path);
     auto *dest = app.add_subcommand("dest", "migration destination");
-    add_common(dest, dst, dst_uuid, dst_level);
+    add_common(dest, dst, dst_uuid, dst_level, dst_path);
     dest->add_option("--incoming", dst.incoming, "tcp:HOST:PORT or defer (default)");
     source->add_option("--control", src.control_path,
                        "guest control record (default: first image + .ctl)");
@@ -76,6 +81,7 @@ int main(int argc, char **argv)
     opts.role = is_source ? Role::Source : Role::Destination;
     const std::string &uuid = is_source ? src_uuid : dst_uuid;
     const std::string &level = is_source ? src_level : dst_level;
+    page_path_mode_parse(is_source ? src_path : dst_path, &opts.page_path);
 
     auto logger = spdlog::stderr_color_mt("qmigd");
     spdlog::set_default_logger(logger);

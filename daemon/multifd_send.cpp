@@ -160,21 +160,24 @@ Status MultiFDSend::send_packet(Channel &ch, const MultiFDPages *pages, uint32_t
     int n = 0;
     iov[n++] = {header, sizeof(header)};
 
-    // Normal pages first, zero pages after them, each in scan order.
+    // Normal pages first, zero pages after them, each in scan order. Page
+    // bytes are sent from wherever load_pages() left them (the mapping or
+    // ch.data), with one iovec per contiguous run.
     if (num) {
-        QMIGD_TRY(block->image->read_pages(pages->offset, num, ch.data.get()));
+        const uint8_t *where[MULTIFD_PACKET_PAGES];
+        QMIGD_TRY(block->image->load_pages(pages->offset, num, ch.data.get(), where));
         uint64_t zeros[MULTIFD_PACKET_PAGES];
         for (uint32_t i = 0; i < num; i++) {
-            uint8_t *page = ch.data.get() + size_t(i) * TARGET_PAGE_SIZE;
-            if (detect_zero_ && buffer_is_zero_page(page)) {
+            const uint8_t *page = where[i];
+            if (detect_zero_ && (page == RamImage::zero_data() || buffer_is_zero_page(page))) {
                 zeros[zero++] = pages->offset[i];
                 continue;
             }
             offsets[normal++] = pages->offset[i];
-            if (n > 1 && static_cast<uint8_t *>(iov[n - 1].iov_base) + iov[n - 1].iov_len == page) {
+            if (n > 1 && static_cast<const uint8_t *>(iov[n - 1].iov_base) + iov[n - 1].iov_len == page) {
                 iov[n - 1].iov_len += TARGET_PAGE_SIZE;
             } else {
-                iov[n++] = {page, TARGET_PAGE_SIZE};
+                iov[n++] = {const_cast<uint8_t *>(page), TARGET_PAGE_SIZE};
             }
         }
         std::copy(zeros, zeros + zero, offsets + normal);

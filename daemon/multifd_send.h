@@ -5,8 +5,8 @@
 // batches, one RAMBlock each) and hands a full batch to an idle channel by
 // swapping buffers; the channel thread detects zero pages (zero-page-
 // detection=multifd), builds the 1344-byte header and sends header + pages
-// with one writev. Pages are read from the image with pread into the
-// channel's buffer (see RamImage::write for why not through the mapping).
+// with one writev, from the image's mapping or from the channel's buffer,
+// whichever page path the image uses (ramstate/page_path.h).
 #pragma once
 
 #include <atomic>
@@ -67,7 +67,7 @@ private:
         uint64_t syncs_done = 0;
         // Owned by the channel thread while pending_job, else by main.
         std::unique_ptr<MultiFDPages> pages = std::make_unique<MultiFDPages>();
-        // Channel thread only: the packet's page data.
+        // Channel thread only: the packet's page data on the File path.
         std::unique_ptr<uint8_t[]> data{new uint8_t[MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE]};
         // Written by the channel thread, read by query.
         std::atomic<uint64_t> bytes{0};

@@ -59,7 +59,7 @@ private:
     Status complete();
     Status send_part(bool *round_done);
     Status send_dirty(bool until_done, bool *round_done);
-    Status send_page(size_t block, uint64_t page);
+    Status send_word(size_t block, size_t word, uint64_t bits);
     Status round_flush();
     uint64_t dirty_sync();
     void end_period();
@@ -87,7 +87,8 @@ private:
     size_t cur_word_ = 0;
     bool downtime_ = false; // VM stopped: records count as downtime bytes
     uint64_t legacy_normal_ = 0, legacy_zero_ = 0;
-    alignas(64) uint8_t page_[TARGET_PAGE_SIZE]; // main-thread page reads
+    // Main-thread page reads (File path): one bitmap word's worth.
+    std::unique_ptr<uint8_t[]> word_buf_{new uint8_t[64 * TARGET_PAGE_SIZE]};
     // Rate limit: bytes actually written (main + multifd) may not run ahead
     // of max-bandwidth x time since the reference point. Measuring what was
     // written, not what was queued, keeps the long-run rate exact even though
@@ -114,8 +115,15 @@ uint64_t OutgoingMigration::Runner::dirty_sync()
 {
     uint64_t added = 0;
     for (size_t i = 0; i < blocks_.size(); i++) {
-        if (blocks_[i].dirty) {
-            added += blocks_[i].dirty->sync_and_clear(bitmaps_[i]);
+        if (!blocks_[i].dirty) {
+            continue;
+        }
+        // Pages written since the last sync are no holes any more.
+        std::vector<uint64_t> fresh(bitmaps_[i].size(), 0);
+        added += blocks_[i].dirty->sync_and_clear(fresh);
+        blocks_[i].image->forget_holes(fresh);
+        for (size_t w = 0; w < fresh.size(); w++) {
+            bitmaps_[i][w] |= fresh[w];
         }
     }
     dirty_pages_ += added;
@@ -207,6 +215,11 @@ Status OutgoingMigration::Runner::setup()
         dirty_pages_ += pages;
     }
     dirty_sync();
+    // Never-written ranges go out as zero pages without being read. Learnt
+    // after the sync: a page written from here on is dirty again.
+    for (auto &b : blocks_) {
+        b.image->scan_holes();
+    }
     if (multifd_) {
         QMIGD_TRY(round_flush());
     }
@@ -227,27 +240,44 @@ Status OutgoingMigration::Runner::round_flush()
     return out_.flush();
 }
 
-Status OutgoingMigration::Runner::send_page(size_t block, uint64_t page)
+// Sends the dirty pages of one bitmap word. Pages for multifd zero
+// detection go to the channels unread; the main-thread paths (plain precopy,
+// legacy zero-page detection) load the word's pages with one call per run.
+Status OutgoingMigration::Runner::send_word(size_t block, size_t word, uint64_t bits)
 {
-    RAMBlock &b = blocks_[block];
-    uint64_t offset = page << TARGET_PAGE_BITS;
     if (multifd_ && p_.zpd != ZeroPageDetection::Legacy) {
-        return multifd_->queue_page(block, offset);
+        while (bits) {
+            uint64_t page = word * 64 + uint64_t(std::countr_zero(bits));
+            bits &= bits - 1;
+            QMIGD_TRY(multifd_->queue_page(block, page << TARGET_PAGE_BITS));
+        }
+        return {};
     }
-    // Main-thread paths: plain precopy, and legacy zero-page detection.
-    QMIGD_TRY(b.image->read(offset, page_, TARGET_PAGE_SIZE));
+    RAMBlock &b = blocks_[block];
+    uint64_t offsets[64];
+    const uint8_t *where[64];
+    uint32_t n = 0;
+    for (; bits; bits &= bits - 1) {
+        offsets[n++] = (word * 64 + uint64_t(std::countr_zero(bits))) << TARGET_PAGE_BITS;
+    }
+    QMIGD_TRY(b.image->load_pages(offsets, n, word_buf_.get(), where));
     auto &counter = downtime_ ? m_.stats_->downtime_bytes : m_.stats_->precopy_bytes;
-    if (p_.zpd != ZeroPageDetection::None && buffer_is_zero_page(page_)) {
-        counter += records_.put_zero_page(out_.w(), b.desc, offset);
-        legacy_zero_++;
-    } else if (multifd_) {
-        return multifd_->queue_page(block, offset);
-    } else {
-        counter += records_.put_page_header(out_.w(), b.desc, offset) + TARGET_PAGE_SIZE;
-        out_.w().bytes(page_, TARGET_PAGE_SIZE);
-        legacy_normal_++;
+    for (uint32_t i = 0; i < n; i++) {
+        bool zero = p_.zpd != ZeroPageDetection::None &&
+                    (where[i] == RamImage::zero_data() || buffer_is_zero_page(where[i]));
+        if (zero) {
+            counter += records_.put_zero_page(out_.w(), b.desc, offsets[i]);
+            legacy_zero_++;
+        } else if (multifd_) {
+            QMIGD_TRY(multifd_->queue_page(block, offsets[i]));
+        } else {
+            counter += records_.put_page_header(out_.w(), b.desc, offsets[i]) + TARGET_PAGE_SIZE;
+            out_.w().bytes(where[i], TARGET_PAGE_SIZE);
+            legacy_normal_++;
+        }
+        QMIGD_TRY(out_.maybe_flush());
     }
-    return out_.maybe_flush();
+    return {};
 }
 
 // Sends dirty pages word by word from the cursor. Stops at the end of the
@@ -266,11 +296,7 @@ Status OutgoingMigration::Runner::send_dirty(bool until_done, bool *round_done)
             }
             bm[cur_word_] = 0;
             dirty_pages_ -= uint64_t(std::popcount(bits));
-            while (bits) {
-                uint64_t page = cur_word_ * 64 + uint64_t(std::countr_zero(bits));
-                bits &= bits - 1;
-                QMIGD_TRY(send_page(cur_block_, page));
-            }
+            QMIGD_TRY(send_word(cur_block_, cur_word_, bits));
             if (until_done) {
                 continue;
             }

@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include <spdlog/spdlog.h>
+
 namespace qmigd {
 
 bool parse_size(const std::string &text, uint64_t *out)
@@ -54,21 +56,41 @@ Result<RamBlockSpec> ram_block_spec_parse(const std::string &text)
     if (spec.name.empty() || spec.name.size() > 255 || spec.path.empty()) {
         return Error("--ram '" + text + "': expected NAME=FILE (name of 1 to 255 bytes)");
     }
-    if (spec.dirty_path.empty()) {
-        spec.dirty_path = spec.path + ".dirty";
-    }
     return spec;
 }
 
-Result<RAMBlock> ram_block_open(const RamBlockSpec &spec, bool with_dirty_bitmap)
+namespace {
+
+std::string parent_dir(const std::string &path)
+{
+    size_t slash = path.rfind('/');
+    return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
+} // namespace
+
+Result<RAMBlock> ram_block_open(const RamBlockSpec &spec, bool with_dirty_bitmap,
+                                PagePathMode mode)
 {
     RAMBlock b;
     auto img = RamImage::open(spec.path, spec.size);
     QMIGD_TRY(img);
     b.image = std::move(*img);
     b.desc = RamBlockDesc{spec.name, b.image->size()};
+    PagePaths paths = choose_page_paths(parent_dir(spec.path), b.image->backing(), mode);
+    b.image->set_page_paths(paths);
+    spdlog::info("RAM block '{}': {} on {}; page path {}", spec.name, spec.path,
+                 b.image->backing().name(), paths.why);
     if (with_dirty_bitmap) {
-        auto bm = DirtyBitmap::open(spec.dirty_path, b.image->pages());
+        std::string dirty = spec.dirty_path;
+        if (dirty.empty()) {
+            dirty = side_file_path(spec.path, b.image->backing(), ".dirty");
+            if (dirty != spec.path + ".dirty") {
+                spdlog::info("RAM block '{}': dirty bitmap in {} ({} holds no small files)",
+                             spec.name, dirty, b.image->backing().name());
+            }
+        }
+        auto bm = DirtyBitmap::open(dirty, b.image->pages());
         QMIGD_TRY(bm);
         b.dirty = std::move(*bm);
     }
@@ -76,7 +98,7 @@ Result<RAMBlock> ram_block_open(const RamBlockSpec &spec, bool with_dirty_bitmap
 }
 
 Result<std::vector<RAMBlock>> ram_blocks_open(const std::vector<std::string> &specs,
-                                              bool with_dirty_bitmap)
+                                              bool with_dirty_bitmap, PagePathMode mode)
 {
     std::vector<RAMBlock> blocks;
     for (const auto &text : specs) {
@@ -87,7 +109,7 @@ Result<std::vector<RAMBlock>> ram_blocks_open(const std::vector<std::string> &sp
                 return Error("--ram: duplicate RAM block name '" + spec->name + "'");
             }
         }
-        auto b = ram_block_open(*spec, with_dirty_bitmap);
+        auto b = ram_block_open(*spec, with_dirty_bitmap, mode);
         QMIGD_TRY(b);
         blocks.push_back(std::move(*b));
     }

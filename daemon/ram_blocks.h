@@ -22,14 +22,18 @@ struct RamBlockSpec {
     std::string name;
     std::string path;
     uint64_t size = 0;
-    std::string dirty_path; // default: path + ".dirty"
+    std::string dirty_path; // default: side_file_path(path, backing, ".dirty")
 };
 
 Result<RamBlockSpec> ram_block_spec_parse(const std::string &text);
-Result<RAMBlock> ram_block_open(const RamBlockSpec &spec, bool with_dirty_bitmap);
+// Opens the image, picks its page path (`mode`, see ramstate/page_path.h)
+// and logs the choice.
+Result<RAMBlock> ram_block_open(const RamBlockSpec &spec, bool with_dirty_bitmap,
+                                PagePathMode mode = PagePathMode::Auto);
 // Opens every --ram; fails on the first bad one or on a duplicate name.
 Result<std::vector<RAMBlock>> ram_blocks_open(const std::vector<std::string> &specs,
-                                              bool with_dirty_bitmap);
+                                              bool with_dirty_bitmap,
+                                              PagePathMode mode = PagePathMode::Auto);
 std::vector<RamBlockDesc> ram_block_descs(const std::vector<RAMBlock> &blocks);
 // Parses 123, 4K, 256M, 1G (binary units).
 bool parse_size(const std::string &text, uint64_t *out);

@@ -74,6 +74,24 @@ Result<int> read_full(int fd, void *buf, size_t n)
     return 1;
 }
 
+Status readv_full(int fd, struct iovec *iov, int count)
+{
+    while (count > 0) {
+        ssize_t r = ::readv(fd, iov, std::min(count, IOV_MAX));
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r < 0) {
+            return errno_error("read from migration channel");
+        }
+        if (r == 0) {
+            return Error("unexpected end of stream in the middle of a packet");
+        }
+        iov = iov_advance(iov, &count, size_t(r));
+    }
+    return {};
+}
+
 Status writev_full(int fd, struct iovec *iov, int count)
 {
     while (count > 0) {

@@ -33,6 +33,8 @@ private:
 // Reads exactly n bytes. Returns 1, 0 on EOF before the first byte, or
 // an error (EOF in the middle is an error).
 Result<int> read_full(int fd, void *buf, size_t n);
+// Fills the whole iovec array (modifies it); EOF is an error.
+Status readv_full(int fd, struct iovec *iov, int count);
 // Writes the whole iovec array (modifies it). EINTR and partial writes handled.
 Status writev_full(int fd, struct iovec *iov, int count);
 Status write_full(int fd, const void *buf, size_t n);

@@ -11,6 +11,10 @@
 
 #include "ramstate/zero_page.h"
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#define MADV_POPULATE_WRITE 23
+#endif
 
 namespace qmigd {
 
@@ -26,14 +30,23 @@ std::atomic_ref<uint64_t> word_ref(std::vector<uint64_t> &bits, uint64_t i)
     return std::atomic_ref<uint64_t>(bits[i / 64]);
 }
 
+// Sets bits [first, end) of a bitmap, a word at a time.
+void set_bits(std::vector<uint64_t> &bits, uint64_t first, uint64_t end)
+{
+    while (first < end) {
+        uint64_t in_word = std::min<uint64_t>(64 - first % 64, end - first);
+        uint64_t mask = in_word == 64 ? ~uint64_t(0) : ((uint64_t(1) << in_word) - 1);
+        bits[first / 64] |= mask << (first % 64);
+        first += in_word;
+    }
+}
+
+alignas(4096) const uint8_t kZeroPage[TARGET_PAGE_SIZE] = {};
+
 } // namespace
 
 Result<std::unique_ptr<RamImage>> RamImage::open(const std::string &path, uint64_t size)
 {
-    if (size % TARGET_PAGE_SIZE) {
-        return Error(fmt::format("RAM image '{}': size {} is not a multiple of {}", path, size,
-                                 TARGET_PAGE_SIZE));
-    }
     std::unique_ptr<RamImage> img(new RamImage());
     img->path_ = path;
     img->fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -44,22 +57,34 @@ Result<std::unique_ptr<RamImage>> RamImage::open(const std::string &path, uint64
     if (fstat(img->fd_, &st) < 0) {
         return sys_error("cannot stat RAM image", path);
     }
+    auto backing = backing_of(img->fd_, path);
+    QMIGD_TRY(backing);
+    img->backing_ = *backing;
+    uint64_t granule = std::max<uint64_t>(img->backing_.page_size, TARGET_PAGE_SIZE);
     uint64_t file_size = uint64_t(st.st_size);
     if (size == 0) {
-        if (file_size == 0 || file_size % TARGET_PAGE_SIZE) {
-            return Error(fmt::format("RAM image '{}': size {} is not a positive multiple of "
-                                     "{}; give size=BYTES",
-                                     path, file_size, TARGET_PAGE_SIZE));
-        }
         size = file_size;
-    } else if (file_size > size) {
-        return Error(fmt::format("RAM image '{}' is larger ({} bytes) than size={}", path,
-                                 file_size, size));
-    } else if (file_size < size && ftruncate(img->fd_, off_t(size)) < 0) {
+        if (size == 0) {
+            return Error(fmt::format("RAM image '{}' is empty; give size=BYTES", path));
+        }
+    }
+    if (size % granule) {
+        return Error(fmt::format("RAM image '{}': size 0x{:x} is not a multiple of the page "
+                                 "size 0x{:x} of its {}",
+                                 path, size, granule, img->backing_.name()));
+    }
+    if (file_size && file_size < size) {
+        // QEMU's memory-backend-file refuses it too; growing it would
+        // rewrite a file another process may be using as guest RAM.
+        return Error(fmt::format("RAM image '{}': backing store size 0x{:x} is too small for "
+                                 "'size' option 0x{:x}",
+                                 path, file_size, size));
+    }
+    if (file_size == 0 && ftruncate(img->fd_, off_t(size)) < 0) {
         return sys_error("cannot size RAM image", path);
     }
     img->size_ = size;
-    void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, img->fd_, 0);
+    void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, img->fd_, 0);
     if (p == MAP_FAILED) {
         return sys_error("cannot map RAM image", path);
     }
@@ -75,6 +100,28 @@ RamImage::~RamImage()
     if (fd_ >= 0) {
         close(fd_);
     }
+}
+
+const uint8_t *RamImage::zero_data()
+{
+    return kZeroPage;
+}
+
+// Pre-faults [offset, offset + len), widened to whole backing pages (a huge
+// page is faulted whole anyway). Fails cleanly where a plain touch would
+// SIGBUS (no free huge pages, file system full).
+Status RamImage::populate(uint64_t offset, size_t len, bool write) const
+{
+    uint64_t g = backing_.page_size;
+    uint64_t start = offset / g * g;
+    uint64_t end = std::min(size_, (offset + len + g - 1) / g * g);
+    if (madvise(base_ + start, end - start, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0) {
+        return {};
+    }
+    return Error(fmt::format("cannot fault in RAM image '{}' at 0x{:x}+0x{:x}: {}{}", path_, start,
+                             end - start, std::strerror(errno),
+                             backing_.kind == BackingKind::Hugetlbfs ? " (no free huge pages?)"
+                                                                     : ""));
 }
 
 // Runs a pread/pwrite-style call until all len bytes moved.
@@ -97,14 +144,20 @@ static Status full_io(const std::string &path, const char *what, uint64_t offset
     return {};
 }
 
-// Calls fn(first index, pages) for each run of consecutive page offsets.
-template <typename Fn>
-static Status for_each_run(const uint64_t *offsets, uint32_t n, Fn fn)
+// Calls fn(first index, pages) for each run of consecutive page offsets
+// among those keep(i) accepts.
+template <typename Keep, typename Fn>
+static Status for_each_run(const uint64_t *offsets, uint32_t n, Keep keep, Fn fn)
 {
     uint32_t i = 0;
     while (i < n) {
+        if (!keep(i)) {
+            i++;
+            continue;
+        }
         uint32_t run = 1;
-        while (i + run < n && offsets[i + run] == offsets[i] + run * TARGET_PAGE_SIZE) {
+        while (i + run < n && offsets[i + run] == offsets[i] + run * TARGET_PAGE_SIZE &&
+               keep(i + run)) {
             run++;
         }
         QMIGD_TRY(fn(i, run));
@@ -113,8 +166,24 @@ static Status for_each_run(const uint64_t *offsets, uint32_t n, Fn fn)
     return {};
 }
 
+void RamImage::clear_known_zero(uint64_t offset, size_t len)
+{
+    if (known_zero_.empty() || len == 0) {
+        return;
+    }
+    for (uint64_t pg = offset >> TARGET_PAGE_BITS; pg <= (offset + len - 1) >> TARGET_PAGE_BITS;
+         pg++) {
+        word_ref(known_zero_, pg).fetch_and(~(uint64_t(1) << (pg % 64)), std::memory_order_relaxed);
+    }
+}
+
 Status RamImage::read(uint64_t offset, void *dst, size_t len) const
 {
+    if (paths_.read == PageAccess::Mapped) {
+        QMIGD_TRY(populate(offset, len, false));
+        std::memcpy(dst, base_ + offset, len);
+        return {};
+    }
     auto *out = static_cast<uint8_t *>(dst);
     return full_io(path_, "read", offset, len, [&](size_t done, size_t left, off_t at) {
         return pread(fd_, out + done, left, at);
@@ -123,12 +192,11 @@ Status RamImage::read(uint64_t offset, void *dst, size_t len) const
 
 Status RamImage::write(uint64_t offset, const void *src, size_t len)
 {
-    if (!known_zero_.empty()) {
-        for (uint64_t pg = offset >> TARGET_PAGE_BITS; pg <= (offset + len - 1) >> TARGET_PAGE_BITS;
-             pg++) {
-            word_ref(known_zero_, pg).fetch_and(~(uint64_t(1) << (pg % 64)),
-                                                std::memory_order_relaxed);
-        }
+    clear_known_zero(offset, len);
+    if (paths_.write == PageAccess::Mapped) {
+        QMIGD_TRY(populate(offset, len, true));
+        std::memcpy(base_ + offset, src, len);
+        return {};
     }
     auto *in = static_cast<const uint8_t *>(src);
     return full_io(path_, "write", offset, len, [&](size_t done, size_t left, off_t at) {
@@ -136,16 +204,56 @@ Status RamImage::write(uint64_t offset, const void *src, size_t len)
     });
 }
 
-Status RamImage::read_pages(const uint64_t *offsets, uint32_t n, uint8_t *buf) const
+Status RamImage::load_pages(const uint64_t *offsets, uint32_t n, uint8_t *buf,
+                            const uint8_t **where) const
 {
-    return for_each_run(offsets, n, [&](uint32_t i, uint32_t run) {
-        return read(offsets[i], buf + size_t(i) * TARGET_PAGE_SIZE, size_t(run) * TARGET_PAGE_SIZE);
+    auto not_hole = [&](uint32_t i) { return !known_zero(offsets[i] >> TARGET_PAGE_BITS); };
+    for (uint32_t i = 0; i < n; i++) {
+        where[i] = kZeroPage;
+    }
+    return for_each_run(offsets, n, not_hole, [&](uint32_t i, uint32_t run) -> Status {
+        size_t len = size_t(run) * TARGET_PAGE_SIZE;
+        if (paths_.read == PageAccess::Mapped) {
+            QMIGD_TRY(populate(offsets[i], len, false));
+            for (uint32_t k = 0; k < run; k++) {
+                where[i + k] = base_ + offsets[i] + size_t(k) * TARGET_PAGE_SIZE;
+            }
+            return {};
+        }
+        uint8_t *dst = buf + size_t(i) * TARGET_PAGE_SIZE;
+        for (uint32_t k = 0; k < run; k++) {
+            where[i + k] = dst + size_t(k) * TARGET_PAGE_SIZE;
+        }
+        return full_io(path_, "read", offsets[i], len, [&](size_t done, size_t left, off_t at) {
+            return pread(fd_, dst + done, left, at);
+        });
     });
 }
 
-Status RamImage::write_pages(const uint64_t *offsets, uint32_t n, const uint8_t *buf)
+Status RamImage::prepare_pages(const uint64_t *offsets, uint32_t n, uint8_t *buf,
+                               struct iovec *iov, int *niov)
 {
-    return for_each_run(offsets, n, [&](uint32_t i, uint32_t run) {
+    bool mapped = paths_.write == PageAccess::Mapped;
+    *niov = 0;
+    auto all = [](uint32_t) { return true; };
+    return for_each_run(offsets, n, all, [&](uint32_t i, uint32_t run) -> Status {
+        size_t len = size_t(run) * TARGET_PAGE_SIZE;
+        if (mapped) {
+            clear_known_zero(offsets[i], len);
+            QMIGD_TRY(populate(offsets[i], len, true));
+        }
+        iov[(*niov)++] = {mapped ? base_ + offsets[i] : buf + size_t(i) * TARGET_PAGE_SIZE, len};
+        return {};
+    });
+}
+
+Status RamImage::commit_pages(const uint64_t *offsets, uint32_t n, const uint8_t *buf)
+{
+    if (paths_.write == PageAccess::Mapped) {
+        return {}; // received in place
+    }
+    auto all = [](uint32_t) { return true; };
+    return for_each_run(offsets, n, all, [&](uint32_t i, uint32_t run) {
         return write(offsets[i], buf + size_t(i) * TARGET_PAGE_SIZE, size_t(run) * TARGET_PAGE_SIZE);
     });
 }
@@ -153,6 +261,9 @@ Status RamImage::write_pages(const uint64_t *offsets, uint32_t n, const uint8_t 
 void RamImage::scan_holes()
 {
     known_zero_.assign((pages() + 63) / 64, 0);
+    if (!backing_.seeks_holes()) {
+        return;
+    }
     off_t pos = 0;
     while (uint64_t(pos) < size_) {
         off_t hole = lseek(fd_, pos, SEEK_HOLE);
@@ -160,11 +271,9 @@ void RamImage::scan_holes()
             break;
         }
         off_t data = lseek(fd_, hole, SEEK_DATA);
-        uint64_t end = data < 0 ? size_ : uint64_t(data);
-        uint64_t first = (uint64_t(hole) + TARGET_PAGE_SIZE - 1) >> TARGET_PAGE_BITS;
-        for (uint64_t pg = first; pg < (end >> TARGET_PAGE_BITS); pg++) {
-            known_zero_[pg / 64] |= uint64_t(1) << (pg % 64);
-        }
+        uint64_t end = data < 0 ? size_ : std::min(size_, uint64_t(data));
+        set_bits(known_zero_, (uint64_t(hole) + TARGET_PAGE_SIZE - 1) >> TARGET_PAGE_BITS,
+                 end >> TARGET_PAGE_BITS);
         if (data < 0) {
             break;
         }
@@ -174,11 +283,24 @@ void RamImage::scan_holes()
 
 bool RamImage::known_zero(uint64_t page) const
 {
+    return known_zero_word(page / 64) & (uint64_t(1) << (page % 64));
+}
+
+uint64_t RamImage::known_zero_word(size_t word) const
+{
     if (known_zero_.empty()) {
-        return false;
+        return 0;
     }
-    auto w = std::atomic_ref<const uint64_t>(known_zero_[page / 64]).load(std::memory_order_relaxed);
-    return w & (uint64_t(1) << (page % 64));
+    return std::atomic_ref<const uint64_t>(known_zero_[word]).load(std::memory_order_relaxed);
+}
+
+void RamImage::forget_holes(const std::vector<uint64_t> &dirty)
+{
+    for (size_t i = 0; i < known_zero_.size() && i < dirty.size(); i++) {
+        if (dirty[i]) {
+            word_ref(known_zero_, i * 64).fetch_and(~dirty[i], std::memory_order_relaxed);
+        }
+    }
 }
 
 Status RamImage::zero_page(uint64_t offset)
@@ -187,17 +309,18 @@ Status RamImage::zero_page(uint64_t offset)
         return {};
     }
     alignas(64) uint8_t page[TARGET_PAGE_SIZE];
-    QMIGD_TRY(read(offset, page, sizeof(page)));
-    if (buffer_is_zero_page(page)) {
+    const uint8_t *where = nullptr;
+    QMIGD_TRY(load_pages(&offset, 1, page, &where));
+    if (buffer_is_zero_page(where)) {
         return {};
     }
-    if (fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(offset),
+    if (backing_.punch_4k() &&
+        fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(offset),
                   off_t(TARGET_PAGE_SIZE)) == 0) {
         return {};
     }
-    // No hole punching on this file system: write the zeros.
-    std::memset(page, 0, sizeof(page));
-    return write(offset, page, sizeof(page));
+    // No 4 KiB holes here (huge pages, or no hole punching): write zeros.
+    return write(offset, kZeroPage, TARGET_PAGE_SIZE);
 }
 
 } // namespace qmigd

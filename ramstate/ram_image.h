@@ -1,22 +1,31 @@
 // A RAM image: the raw bytes of one RAMBlock in a shared file, mapped
 // MAP_SHARED exactly as QEMU's memory-backend-file,share=on maps them.
+//
+// Page data moves by one of two paths per direction (ramstate/page_path.h),
+// chosen per image at start-up: through the file (pread/pwrite) or through
+// the mapping. Callers see one interface either way.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <sys/uio.h>
 #include <vector>
 
 #include "protocol/error.h"
 #include "protocol/qemu_format.h"
+#include "ramstate/backing.h"
+#include "ramstate/page_path.h"
 
 namespace qmigd {
 
 class RamImage {
 public:
-    // Opens (or creates) path. size == 0 means "use the file's size"; a
-    // missing file needs a size. Grows or checks the file to size.
+    // Opens (or creates) path, as QEMU's memory-backend-file does: size == 0
+    // means "use the file's size"; an empty or missing file is sized to
+    // `size`; a smaller non-empty file is refused; a larger one is used for
+    // its first `size` bytes. Starts with the File paths (set_page_paths).
     static Result<std::unique_ptr<RamImage>> open(const std::string &path, uint64_t size);
     ~RamImage();
     RamImage(const RamImage &) = delete;
@@ -26,44 +35,64 @@ public:
     uint64_t pages() const { return size_ >> TARGET_PAGE_BITS; }
     uint8_t *host(uint64_t offset) const { return base_ + offset; }
     const std::string &path() const { return path_; }
+    const Backing &backing() const { return backing_; }
+    const PagePaths &page_paths() const { return paths_; }
+    // Before any migration uses the image.
+    void set_page_paths(const PagePaths &p) { paths_ = p; }
 
-    // Page data moves through the file (pread/pwrite), not the mapping:
-    // the kernel copies via its direct map, while a process touching a
-    // /dev/shm page through its own mapping for the first time pays a page
-    // fault (~5-9 us each on these machines, even after MADV_POPULATE_*).
-    // Measured for 256 MiB: pwrite 0.05 s, populate + memcpy 0.43 s.
-
-    // Reads len bytes at offset (source side). Thread-safe.
+    // Reads/writes len bytes at offset through the chosen path. Thread-safe
+    // for distinct ranges; write() makes the pages stop being known zero.
     Status read(uint64_t offset, void *dst, size_t len) const;
-    // Writes len bytes at offset (receive side); the pages stop being known
-    // zero. Thread-safe for distinct ranges.
     Status write(uint64_t offset, const void *src, size_t len);
-    // Scattered pages <-> a packed buffer (page i at buf + i * 4096), one
-    // system call per run of consecutive offsets. Offsets must be valid.
-    Status read_pages(const uint64_t *offsets, uint32_t n, uint8_t *buf) const;
-    Status write_pages(const uint64_t *offsets, uint32_t n, const uint8_t *buf);
 
-    // Marks which pages are holes in the file (never written, so zero).
-    // Call before a migration writes into the image.
+    // --- source ---
+    // Makes n pages readable and sets where[i] to page i's bytes: in the
+    // mapping, in buf (page i at buf + i * 4096), or, for a page known to be
+    // zero, in a shared zero page (is_zero_data() tells). Offsets must be
+    // valid. One system call per run of consecutive pages.
+    Status load_pages(const uint64_t *offsets, uint32_t n, uint8_t *buf,
+                      const uint8_t **where) const;
+    static const uint8_t *zero_data();
+
+    // --- destination ---
+    // Where to receive the data of n pages: iov[0..*niov) in the mapping
+    // (pre-faulted) or in buf. After the bytes are there, commit_pages()
+    // stores them (a pwrite when they went into buf).
+    Status prepare_pages(const uint64_t *offsets, uint32_t n, uint8_t *buf, struct iovec *iov,
+                         int *niov);
+    Status commit_pages(const uint64_t *offsets, uint32_t n, const uint8_t *buf);
+    // Makes the page read as zeros. A page known to be a hole is left alone;
+    // any other is read and, only if it holds data, punched out of the file
+    // (or cleared where 4 KiB holes cannot be punched).
+    Status zero_page(uint64_t offset);
+
+    // --- holes (pages never written, so zero) ---
+    // Learns them from the file (SEEK_HOLE). Source: after the first dirty
+    // sync, so a write racing the scan is dirty again later.
     void scan_holes();
     // A page that was a hole at scan_holes() and was not written since.
     bool known_zero(uint64_t page) const;
-    // Receive side: make the page read as zeros. A page known to be a hole
-    // is left alone; any other is read and, only if it holds data, punched
-    // out of the file (no write, and its memory is freed). Thread-safe for
-    // distinct pages.
-    Status zero_page(uint64_t offset);
+    // 64 bits of known_zero() for pages [64 * word, 64 * word + 64).
+    uint64_t known_zero_word(size_t word) const;
+    // Source, at each dirty sync: pages the guest wrote are no longer holes.
+    void forget_holes(const std::vector<uint64_t> &dirty);
 
 private:
     RamImage() = default;
+    Status populate(uint64_t offset, size_t len, bool write) const;
+    void clear_known_zero(uint64_t offset, size_t len);
 
     std::string path_;
     int fd_ = -1;
     uint8_t *base_ = nullptr;
     uint64_t size_ = 0;
+    uint64_t map_size_ = 0;
+    Backing backing_;
+    PagePaths paths_;
     // One bit per page: set while the page is a hole. Words are updated with
     // atomic fetch_and from the receive threads (each page by one writer per
-    // epoch; atomics because neighbours share a word).
+    // epoch; atomics because neighbours share a word) and, on the source, by
+    // the migration thread at dirty sync while sender threads read them.
     std::vector<uint64_t> known_zero_;
 };
 

@@ -3,6 +3,8 @@
 #include <atomic>
 #include <cstring>
 #include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
 #include <thread>
 #include <unistd.h>
 
@@ -46,15 +48,19 @@ TEST_CASE("zero-page detection sees a single non-zero byte anywhere", "[zero_pag
 
 TEST_CASE("RAM image: create, size checks, holes and zero pages", "[ram_image]")
 {
+    PageAccess path = GENERATE(PageAccess::File, PageAccess::Mapped);
     Unlink u{shm_path("img")};
     auto img = RamImage::open(u.path, 8 * TARGET_PAGE_SIZE);
     REQUIRE(img.ok());
     RamImage &r = **img;
+    r.set_page_paths(PagePaths{path, path, {}, "test"});
+    CHECK(r.backing().kind == BackingKind::Tmpfs);
     CHECK(r.pages() == 8);
     r.host(3 * TARGET_PAGE_SIZE)[5] = 9;
     r.scan_holes();
     CHECK(r.known_zero(0));
     CHECK_FALSE(r.known_zero(3));
+    CHECK(r.known_zero_word(0) == 0xf7);
     REQUIRE(r.zero_page(3 * TARGET_PAGE_SIZE).ok());
     CHECK(r.host(3 * TARGET_PAGE_SIZE)[5] == 0);
     // A page written after the scan stops being "known zero".
@@ -70,14 +76,96 @@ TEST_CASE("RAM image: create, size checks, holes and zero pages", "[ram_image]")
     std::vector<uint8_t> back(TARGET_PAGE_SIZE);
     REQUIRE(r.read(TARGET_PAGE_SIZE, back.data(), back.size()).ok());
     CHECK(back[4095] == 1);
-    CHECK_FALSE(r.read(8 * TARGET_PAGE_SIZE, back.data(), 1).ok()); // past the end
+    if (path == PageAccess::File) {
+        CHECK_FALSE(r.read(8 * TARGET_PAGE_SIZE, back.data(), 1).ok()); // past the end
+    }
 
-    CHECK_FALSE(RamImage::open(u.path, 4 * TARGET_PAGE_SIZE).ok()); // file larger than size
-    CHECK_FALSE(RamImage::open(u.path, 4097).ok());                 // not page aligned
-    auto again = RamImage::open(u.path, 0);                          // size from the file
+    // QEMU's memory-backend-file rules: a larger file is used for its first
+    // `size` bytes, a smaller non-empty one is refused, never grown.
+    auto smaller = RamImage::open(u.path, 4 * TARGET_PAGE_SIZE);
+    REQUIRE(smaller.ok());
+    CHECK((*smaller)->size() == 4 * TARGET_PAGE_SIZE);
+    auto larger = RamImage::open(u.path, 16 * TARGET_PAGE_SIZE);
+    REQUIRE_FALSE(larger.ok());
+    CHECK(larger.error().message().find("too small") != std::string::npos);
+    struct stat st;
+    REQUIRE(stat(u.path.c_str(), &st) == 0);
+    CHECK(st.st_size == 8 * TARGET_PAGE_SIZE);
+    CHECK_FALSE(RamImage::open(u.path, 4097).ok()); // not page aligned
+    auto again = RamImage::open(u.path, 0);          // size from the file
     REQUIRE(again.ok());
     CHECK((*again)->size() == 8 * TARGET_PAGE_SIZE);
     CHECK_FALSE(RamImage::open("/dev/shm/qmigd-unit-missing-dir/x", 0).ok());
+}
+
+TEST_CASE("RAM image: page batches move the same bytes on both paths", "[ram_image]")
+{
+    PageAccess path = GENERATE(PageAccess::File, PageAccess::Mapped);
+    Unlink u{shm_path("batch")};
+    auto img = RamImage::open(u.path, 64 * TARGET_PAGE_SIZE);
+    REQUIRE(img.ok());
+    RamImage &r = **img;
+    r.set_page_paths(PagePaths{path, path, {}, "test"});
+    for (uint64_t pg : {2, 3, 4, 10, 40}) {
+        std::memset(r.host(pg * TARGET_PAGE_SIZE), int(pg), TARGET_PAGE_SIZE);
+    }
+    r.scan_holes();
+    // Source: data pages come back with their bytes, holes as the zero page.
+    uint64_t offs[] = {2 * TARGET_PAGE_SIZE, 3 * TARGET_PAGE_SIZE, 4 * TARGET_PAGE_SIZE,
+                       5 * TARGET_PAGE_SIZE, 40 * TARGET_PAGE_SIZE};
+    std::vector<uint8_t> buf(5 * TARGET_PAGE_SIZE);
+    const uint8_t *where[5];
+    REQUIRE(r.load_pages(offs, 5, buf.data(), where).ok());
+    CHECK(where[0][0] == 2);
+    CHECK(where[2][4095] == 4);
+    CHECK(where[3] == RamImage::zero_data());
+    CHECK(where[4][100] == 40);
+    // Pages the guest writes later are no holes any more.
+    std::vector<uint64_t> dirty(1, uint64_t(1) << 5);
+    r.forget_holes(dirty);
+    CHECK_FALSE(r.known_zero(5));
+    CHECK(r.known_zero(6));
+
+    // Destination: data received where prepare_pages says, then committed.
+    uint64_t in[] = {20 * TARGET_PAGE_SIZE, 21 * TARGET_PAGE_SIZE, 30 * TARGET_PAGE_SIZE};
+    struct iovec iov[3];
+    int niov = 0;
+    std::vector<uint8_t> rbuf(3 * TARGET_PAGE_SIZE);
+    REQUIRE(r.prepare_pages(in, 3, rbuf.data(), iov, &niov).ok());
+    CHECK(niov == 2); // pages 20-21 are one run
+    uint8_t v = 0x60;
+    for (int i = 0; i < niov; i++) {
+        std::memset(iov[i].iov_base, v++, iov[i].iov_len);
+    }
+    REQUIRE(r.commit_pages(in, 3, rbuf.data()).ok());
+    CHECK(r.host(21 * TARGET_PAGE_SIZE + 4095)[0] == 0x60);
+    CHECK(r.host(30 * TARGET_PAGE_SIZE)[0] == 0x61);
+    CHECK_FALSE(r.known_zero(20));
+    CHECK_FALSE(r.known_zero(30));
+}
+
+TEST_CASE("page path: measured on /dev/shm, with a side file beside the image", "[page_path]")
+{
+    Backing b;
+    b.kind = BackingKind::Tmpfs;
+    PagePathCosts c = measure_page_paths("/dev/shm", b, 1 << 20);
+    CHECK(c.pread_ns > 0);
+    CHECK(c.map_read_ns > 0);
+    CHECK(c.pwrite_ns > 0);
+    CHECK(c.map_write_ns > 0);
+    PagePaths forced = choose_page_paths("/dev/shm", b, PagePathMode::Mapped);
+    CHECK(forced.read == PageAccess::Mapped);
+    b.kind = BackingKind::Hugetlbfs;
+    PagePaths file = choose_page_paths("/dev/shm", b, PagePathMode::File);
+    CHECK(file.read == PageAccess::File);
+    CHECK(file.write == PageAccess::Mapped); // hugetlbfs takes no pwrite
+    CHECK(side_file_path("/mnt/h/vm.ram", b, ".dirty") == "/dev/shm/qmigd_mnt_h_vm.ram.dirty");
+    b.kind = BackingKind::Tmpfs;
+    CHECK(side_file_path("/dev/shm/vm.ram", b, ".ctl") == "/dev/shm/vm.ram.ctl");
+    PagePathMode m;
+    CHECK(page_path_mode_parse("mapped", &m));
+    CHECK(m == PagePathMode::Mapped);
+    CHECK_FALSE(page_path_mode_parse("mmap", &m));
 }
 
 TEST_CASE("dirty bitmap: get-and-clear collects each set bit once", "[dirty_bitmap]")

@@ -1,0 +1,238 @@
+#include "ramstate/page_path.h"
+
+#include <chrono>
+#include <cstring>
+#include <fcntl.h>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include "protocol/qemu_format.h"
+#include "ramstate/zero_page.h"
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#define MADV_POPULATE_WRITE 23
+#endif
+
+namespace qmigd {
+
+const char *page_access_name(PageAccess a)
+{
+    return a == PageAccess::Mapped ? "mapped" : "file";
+}
+
+bool page_path_mode_parse(const std::string &text, PagePathMode *out)
+{
+    if (text == "auto") {
+        *out = PagePathMode::Auto;
+    } else if (text == "file") {
+        *out = PagePathMode::File;
+    } else if (text == "mapped") {
+        *out = PagePathMode::Mapped;
+    } else {
+        return false;
+    }
+    return true;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kChunk = 512 * 1024; // one multifd packet of pages
+
+// A scratch file that removes itself.
+struct Scratch {
+    std::string path;
+    int fd = -1;
+    size_t bytes = 0;
+    Scratch(const std::string &dir, const char *tag, size_t n) : bytes(n)
+    {
+        path = fmt::format("{}/.qmigd-calibrate-{}-{}", dir, getpid(), tag);
+        fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd >= 0 && ftruncate(fd, off_t(n)) < 0) {
+            ::close(fd);
+            fd = -1;
+        }
+    }
+    ~Scratch()
+    {
+        if (fd >= 0) {
+            ::close(fd);
+            unlink(path.c_str());
+        }
+    }
+    bool ok() const { return fd >= 0; }
+    uint8_t *map(int prot) const
+    {
+        void *p = mmap(nullptr, bytes, prot, MAP_SHARED, fd, 0);
+        return p == MAP_FAILED ? nullptr : static_cast<uint8_t *>(p);
+    }
+};
+
+double ns_per_page(Clock::time_point t0, size_t bytes)
+{
+    std::chrono::duration<double, std::nano> d = Clock::now() - t0;
+    return d.count() / double(bytes / TARGET_PAGE_SIZE);
+}
+
+// Scans every page so the compiler cannot drop the reads.
+size_t count_zero_pages(const uint8_t *p, size_t bytes)
+{
+    size_t n = 0;
+    for (size_t o = 0; o < bytes; o += TARGET_PAGE_SIZE) {
+        n += buffer_is_zero_page(p + o);
+    }
+    return n;
+}
+
+// Fills `s` through a fresh mapping; returns ns/page, or -1.
+double mapped_fill(const Scratch &s, const uint8_t *src)
+{
+    uint8_t *m = s.map(PROT_READ | PROT_WRITE);
+    if (!m) {
+        return -1;
+    }
+    auto t0 = Clock::now();
+    bool ok = true;
+    for (size_t o = 0; o < s.bytes && ok; o += kChunk) {
+        ok = madvise(m + o, kChunk, MADV_POPULATE_WRITE) == 0;
+        std::memcpy(m + o, src, ok ? kChunk : 0);
+    }
+    double ns = ok ? ns_per_page(t0, s.bytes) : -1;
+    munmap(m, s.bytes);
+    return ns;
+}
+
+double pwrite_fill(const Scratch &s, const uint8_t *src)
+{
+    auto t0 = Clock::now();
+    for (size_t o = 0; o < s.bytes; o += kChunk) {
+        if (pwrite(s.fd, src, kChunk, off_t(o)) != ssize_t(kChunk)) {
+            return -1;
+        }
+    }
+    return ns_per_page(t0, s.bytes);
+}
+
+double pread_scan(const Scratch &s, uint8_t *buf, size_t *sink)
+{
+    auto t0 = Clock::now();
+    for (size_t o = 0; o < s.bytes; o += kChunk) {
+        if (pread(s.fd, buf, kChunk, off_t(o)) != ssize_t(kChunk)) {
+            return -1;
+        }
+        *sink += count_zero_pages(buf, kChunk);
+    }
+    return ns_per_page(t0, s.bytes);
+}
+
+double mapped_scan(const Scratch &s, size_t *sink)
+{
+    uint8_t *m = s.map(PROT_READ);
+    if (!m) {
+        return -1;
+    }
+    auto t0 = Clock::now();
+    bool ok = true;
+    for (size_t o = 0; o < s.bytes && ok; o += kChunk) {
+        ok = madvise(m + o, kChunk, MADV_POPULATE_READ) == 0;
+        *sink += ok ? count_zero_pages(m + o, kChunk) : 0;
+    }
+    double ns = ok ? ns_per_page(t0, s.bytes) : -1;
+    munmap(m, s.bytes);
+    return ns;
+}
+
+} // namespace
+
+PagePathCosts measure_page_paths(const std::string &dir, const Backing &backing, size_t bytes)
+{
+    bytes = (bytes + backing.page_size - 1) / backing.page_size * backing.page_size;
+    PagePathCosts c;
+    std::unique_ptr<uint8_t[]> src(new uint8_t[kChunk]);
+    for (size_t i = 0; i < kChunk; i++) {
+        src[i] = uint8_t(i * 7 + 1); // no zero pages: every check reads a whole page
+    }
+    size_t sink = 0;
+    Scratch mapped(dir, "m", bytes);
+    if (mapped.ok()) {
+        c.map_write_ns = mapped_fill(mapped, src.get());
+    }
+    Scratch filed(dir, "f", bytes);
+    if (filed.ok() && backing.can_pwrite()) {
+        c.pwrite_ns = pwrite_fill(filed, src.get());
+    }
+    // Read costs on whichever file holds data, through fresh views of it.
+    const Scratch &full = c.pwrite_ns >= 0 ? filed : mapped;
+    if (c.pwrite_ns >= 0 || c.map_write_ns >= 0) {
+        c.pread_ns = pread_scan(full, src.get(), &sink);
+        c.map_read_ns = mapped_scan(full, &sink);
+    }
+    if (sink == size_t(-1)) {
+        c.pread_ns = -1; // keeps sink alive
+    }
+    return c;
+}
+
+namespace {
+
+// The cheaper of two measured costs; `fallback` when neither was measured.
+PageAccess cheaper(double file_ns, double mapped_ns, PageAccess fallback)
+{
+    if (file_ns < 0 && mapped_ns < 0) {
+        return fallback;
+    }
+    if (file_ns < 0) {
+        return PageAccess::Mapped;
+    }
+    if (mapped_ns < 0) {
+        return PageAccess::File;
+    }
+    return mapped_ns < file_ns ? PageAccess::Mapped : PageAccess::File;
+}
+
+std::string describe(const PagePaths &p, const char *how)
+{
+    auto ns = [](double v) { return v < 0 ? std::string("n/a") : fmt::format("{:.0f}", v); };
+    return fmt::format("{}: read {} (pread {} ns/page, mapped {}), write {} (pwrite {} ns/page, "
+                       "mapped {})",
+                       how, page_access_name(p.read), ns(p.costs.pread_ns),
+                       ns(p.costs.map_read_ns), page_access_name(p.write), ns(p.costs.pwrite_ns),
+                       ns(p.costs.map_write_ns));
+}
+
+} // namespace
+
+PagePaths choose_page_paths(const std::string &dir, const Backing &backing, PagePathMode mode)
+{
+    PagePaths p;
+    if (mode != PagePathMode::Auto) {
+        p.read = p.write = mode == PagePathMode::Mapped ? PageAccess::Mapped : PageAccess::File;
+        if (!backing.can_pwrite()) {
+            p.write = PageAccess::Mapped;
+        }
+        p.why = describe(p, "forced");
+        return p;
+    }
+    static std::mutex mu;
+    static std::map<std::string, PagePathCosts> measured; // by directory; protected by mu
+    std::lock_guard<std::mutex> lk(mu);
+    auto it = measured.find(dir);
+    if (it == measured.end()) {
+        it = measured.emplace(dir, measure_page_paths(dir, backing, 16 << 20)).first;
+    }
+    p.costs = it->second;
+    p.read = cheaper(p.costs.pread_ns, p.costs.map_read_ns, PageAccess::File);
+    p.write = backing.can_pwrite()
+                  ? cheaper(p.costs.pwrite_ns, p.costs.map_write_ns, PageAccess::File)
+                  : PageAccess::Mapped;
+    p.why = describe(p, "measured");
+    return p;
+}
+
+} // namespace qmigd

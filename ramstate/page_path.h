@@ -1,0 +1,56 @@
+// Which way page data moves between a RAM image and the network, chosen
+// per image by measuring this machine.
+//
+// Two ways exist in each direction, and which is cheaper depends on the
+// machine and on the backing, by up to 10x either way (shared/perf has two
+// machines; on one a first touch of a /dev/shm page through a mapping costs
+// 2-22 us, on another 0.7 us; on huge pages it is one fault per 2 MiB):
+//  - File:   source preads pages into a buffer, checks and sends them from
+//            there; destination receives into a buffer and pwrites it.
+//            Costs a kernel copy each way, no page-table work.
+//  - Mapped: source checks pages in place and sends them straight from the
+//            mapping (QEMU's way); destination pre-faults the range with
+//            MADV_POPULATE_WRITE and receives straight into the mapping.
+//            Costs page-table faults, no extra copy.
+// The rule: on hugetlbfs the destination must map (no pwrite there); every
+// other choice goes to the side measured cheaper per page on a scratch file
+// next to the image (same file system), at start-up, in about 0.1 s.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ramstate/backing.h"
+
+namespace qmigd {
+
+enum class PageAccess { File, Mapped };
+enum class PagePathMode { Auto, File, Mapped };
+
+const char *page_access_name(PageAccess a);
+bool page_path_mode_parse(const std::string &text, PagePathMode *out);
+
+// Per 4 KiB page, in nanoseconds; negative where not measured.
+struct PagePathCosts {
+    double pread_ns = -1;     // pread into a buffer + zero check
+    double map_read_ns = -1;  // fresh mapping: MADV_POPULATE_READ + zero check in place
+    double pwrite_ns = -1;    // pwrite into a fresh file
+    double map_write_ns = -1; // fresh mapping: MADV_POPULATE_WRITE + copy in
+};
+
+struct PagePaths {
+    PageAccess read = PageAccess::File;  // source side
+    PageAccess write = PageAccess::File; // destination side
+    PagePathCosts costs;
+    std::string why; // one line for the log
+};
+
+// Picks the paths for an image in directory `dir` on `backing`. Auto
+// measures (once per directory and process; later calls reuse it); File and
+// Mapped force both directions (hugetlbfs still writes through the mapping).
+PagePaths choose_page_paths(const std::string &dir, const Backing &backing, PagePathMode mode);
+
+// The measurement alone, on scratch files of `bytes` in `dir`.
+PagePathCosts measure_page_paths(const std::string &dir, const Backing &backing, size_t bytes);
+
+} // namespace qmigd
