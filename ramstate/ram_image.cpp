@@ -49,18 +49,37 @@ Result<std::unique_ptr<RamImage>> RamImage::open(const std::string &path, uint64
 {
     std::unique_ptr<RamImage> img(new RamImage());
     img->path_ = path;
-    img->fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    img->fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    bool created = img->fd_ >= 0;
+    if (!created && errno == EEXIST) {
+        img->fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    }
     if (img->fd_ < 0) {
         return sys_error("cannot open RAM image", path);
     }
+    auto r = img->init(size);
+    if (!r.ok() && created) {
+        unlink(path.c_str()); // a failed start leaves nothing behind
+    }
+    if (!r.ok()) {
+        return r.error();
+    }
+    return img;
+}
+
+Status RamImage::init(uint64_t size)
+{
+    const std::string &path = path_;
     struct stat st;
-    if (fstat(img->fd_, &st) < 0) {
+    if (fstat(fd_, &st) < 0) {
         return sys_error("cannot stat RAM image", path);
     }
-    auto backing = backing_of(img->fd_, path);
+    auto backing = backing_of(fd_, path);
     QMIGD_TRY(backing);
-    img->backing_ = *backing;
-    uint64_t granule = std::max<uint64_t>(img->backing_.page_size, TARGET_PAGE_SIZE);
+    backing_ = *backing;
+    // hugetlbfs maps whole huge pages only; a huge tmpfs falls back to 4 KiB.
+    bool huge_only = backing_.kind == BackingKind::Hugetlbfs;
+    uint64_t granule = huge_only ? backing_.page_size : TARGET_PAGE_SIZE;
     uint64_t file_size = uint64_t(st.st_size);
     if (size == 0) {
         size = file_size;
@@ -69,9 +88,10 @@ Result<std::unique_ptr<RamImage>> RamImage::open(const std::string &path, uint64
         }
     }
     if (size % granule) {
-        return Error(fmt::format("RAM image '{}': size 0x{:x} is not a multiple of the page "
-                                 "size 0x{:x} of its {}",
-                                 path, size, granule, img->backing_.name()));
+        // QEMU: "backend 'memory-backend-file' memory size must be multiple of 2 MiB"
+        return Error(fmt::format("RAM image '{}': memory size 0x{:x} must be multiple of {} KiB "
+                                 "(the page size of its {})",
+                                 path, size, granule >> 10, backing_.name()));
     }
     if (file_size && file_size < size) {
         // QEMU's memory-backend-file refuses it too; growing it would
@@ -80,16 +100,16 @@ Result<std::unique_ptr<RamImage>> RamImage::open(const std::string &path, uint64
                                  "'size' option 0x{:x}",
                                  path, file_size, size));
     }
-    if (file_size == 0 && ftruncate(img->fd_, off_t(size)) < 0) {
+    if (file_size == 0 && ftruncate(fd_, off_t(size)) < 0) {
         return sys_error("cannot size RAM image", path);
     }
-    img->size_ = size;
-    void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, img->fd_, 0);
+    size_ = size;
+    void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd_, 0);
     if (p == MAP_FAILED) {
         return sys_error("cannot map RAM image", path);
     }
-    img->base_ = static_cast<uint8_t *>(p);
-    return img;
+    base_ = static_cast<uint8_t *>(p);
+    return {};
 }
 
 RamImage::~RamImage()

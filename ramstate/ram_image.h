@@ -79,6 +79,7 @@ public:
 
 private:
     RamImage() = default;
+    Status init(uint64_t size);
     Status populate(uint64_t offset, size_t len, bool write) const;
     void clear_known_zero(uint64_t offset, size_t len);
 

@@ -165,12 +165,50 @@ def files_equal(a, b, chunk=1 << 24):
                 return True
 
 
+def fs_type(path):
+    """The file system type of the mount holding path (longest mount prefix)."""
+    path = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    best, kind = "", ""
+    with open("/proc/mounts") as f:
+        for line in f:
+            mnt, typ = line.split()[1:3]
+            if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best):
+                best, kind = mnt, typ
+    return kind
+
+
+class _MappedWriter:
+    """write() through a shared mapping: hugetlbfs takes no write(2)."""
+
+    def __init__(self, path, size):
+        import mmap
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        os.ftruncate(self.fd, size)
+        self.map = mmap.mmap(self.fd, size, mmap.MAP_SHARED)
+        self.pos = 0
+
+    def write(self, data):
+        self.map[self.pos:self.pos + len(data)] = data
+        self.pos += len(data)
+
+    def truncate(self, size):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.map.close()
+        os.close(self.fd)
+
+
 def make_image(path, size, content, seed=1):
     """Writes a RAM image: zero | random | mixed | garbage (all 0xAA-ish)."""
     import random
     rng = random.Random(seed)
     pages = size // PAGE
-    with open(path, "wb") as f:
+    hugetlbfs = fs_type(path) == "hugetlbfs"
+    with (_MappedWriter(path, size) if hugetlbfs else open(path, "wb")) as f:
         if content == "zero":
             f.truncate(size)
             return
@@ -209,7 +247,10 @@ def make_image(path, size, content, seed=1):
 
 def remove(*paths):
     for p in paths:
-        for q in (p, p + ".dirty", p + ".ctl"):
+        # Side files sit beside the image, or in /dev/shm for hugetlbfs images
+        # (ramstate/backing.h, side_file_path).
+        shm = "/dev/shm/qmigd" + os.path.abspath(p).replace("/", "_")
+        for q in (p, p + ".dirty", p + ".ctl", shm + ".dirty", shm + ".ctl"):
             try:
                 os.unlink(q)
             except OSError:

@@ -19,6 +19,14 @@ def test(fn):
     return fn
 
 
+class Skip(Exception):
+    """Raised by a test that cannot run here; the message says why."""
+
+
+def skip(why):
+    raise Skip(why)
+
+
 def check(cond, msg="check failed"):
     if not cond:
         raise AssertionError(msg)
@@ -27,7 +35,7 @@ def check(cond, msg="check failed"):
 def main():
     args = sys.argv[1:]
     pattern = args[args.index("-k") + 1] if "-k" in args else ""
-    passed = failed = 0
+    passed = failed = skipped = 0
     for fn in _tests:
         if pattern not in fn.__name__:
             continue
@@ -36,9 +44,13 @@ def main():
             fn()
             passed += 1
             print(f"PASS {fn.__name__} ({time.monotonic() - t0:.1f}s)", flush=True)
+        except Skip as why:
+            skipped += 1
+            print(f"SKIP {fn.__name__}: {why}", flush=True)
         except Exception:
             failed += 1
             print(f"FAIL {fn.__name__} ({time.monotonic() - t0:.1f}s)", flush=True)
             traceback.print_exc()
-    print(f"{passed} passed, {failed} failed", flush=True)
-    sys.exit(1 if failed or not passed else 0)
+    print(f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""),
+          flush=True)
+    sys.exit(1 if failed or not (passed or skipped) else 0)
