@@ -231,6 +231,9 @@ void Daemon::register_vm_commands()
                 }
             }
             runstate_ = "paused";
+            if (outgoing_) {
+                outgoing_->set_vm_running(false);
+            }
             qmp_->emit_event("STOP");
         }
         return json::object();
@@ -248,6 +251,9 @@ void Daemon::register_vm_commands()
                 guest_->resume();
             }
             runstate_ = "running";
+            if (outgoing_) {
+                outgoing_->set_vm_running(true);
+            }
             qmp_->emit_event("RESUME");
         }
         return json::object();

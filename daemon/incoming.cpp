@@ -84,7 +84,7 @@ Status IncomingMigration::start(const TcpAddress &addr, const IncomingParams &pa
     listener_ = std::make_unique<TcpListener>(
         loop_, 4, [this](PendingConnection *c, const Error *e) { on_prefix(c, e); });
     QMIGD_TRY(listener_->listen(addr));
-    listen_host_ = addr.host;
+    listen_host_ = addr.host.empty() ? "0.0.0.0" : addr.host;
     spdlog::info("incoming migration: listening on {}:{} (multifd {}, {} channels)", addr.host,
                  listener_->port(), params.multifd ? "on" : "off", params.channels);
     set_status(MigrationStatus::Setup);

@@ -119,12 +119,9 @@ uint64_t OutgoingMigration::Runner::dirty_sync()
             continue;
         }
         // Pages written since the last sync are no holes any more.
-        std::vector<uint64_t> fresh(bitmaps_[i].size(), 0);
-        added += blocks_[i].dirty->sync_and_clear(fresh);
-        blocks_[i].image->forget_holes(fresh);
-        for (size_t w = 0; w < fresh.size(); w++) {
-            bitmaps_[i][w] |= fresh[w];
-        }
+        RamImage &img = *blocks_[i].image;
+        added += blocks_[i].dirty->sync_and_clear(
+            bitmaps_[i], [&img](size_t w, uint64_t bits) { img.forget_holes(w, bits); });
     }
     dirty_pages_ += added;
     last_sync_dirty_ = dirty_pages_;
@@ -408,11 +405,20 @@ Status OutgoingMigration::Runner::complete()
     auto stop_time = Clock::now();
     if (m_.guest_) {
         // The guest finishes the page in flight and acknowledges; only then
-        // does the final dirty sync run, so no write is lost.
-        QMIGD_TRY(m_.guest_->pause(std::chrono::seconds(5)));
+        // does the final dirty sync run, so no write is lost. A guest that
+        // does not answer, or a cancel meanwhile, leaves it running.
+        Status st = m_.guest_->pause(std::chrono::seconds(5), &m_.cancel_requested_);
+        if (!st) {
+            m_.resume_guest_if_running();
+            return st;
+        }
     }
+    // What QEMU's global_state_store() records at switchover: whether the
+    // VM runs now (a `stop` or `cont` during the migration counts).
+    const bool running = m_.vm_running_.load();
     downtime_ = true;
-    m_.dispatcher_.post([&m = m_] { m.set_status(MigrationStatus::Device); });
+    m_.dispatcher_.post([&m = m_] { m.set_status_from(MigrationStatus::Active,
+                                                      MigrationStatus::Device); });
     ByteWriter &w = out_.w();
     savevm_put_command(w, MIG_CMD_SWITCHOVER_START);
     savevm_put_section_continue(w, QEMU_VM_SECTION_END, kRamSectionId);
@@ -426,8 +432,7 @@ Status OutgoingMigration::Runner::complete()
     ram_put_flag(w, RAM_SAVE_FLAG_EOS);
     savevm_put_footer(w, kRamSectionId);
     savevm_put_timer(w, kTimerSectionId);
-    savevm_put_globalstate(w, kGlobalStateSectionId,
-                           p_.runstate == "paused" ? "paused" : "running");
+    savevm_put_globalstate(w, kGlobalStateSectionId, running ? "running" : "paused");
     savevm_put_eof_and_vmdesc(w);
     QMIGD_TRY(out_.flush());
     m_.stats_->downtime_ms = ms_since(stop_time);
@@ -439,7 +444,8 @@ Status OutgoingMigration::Runner::run()
     QMIGD_TRY(setup());
     m_.stats_->setup_time_ms = ms_since(m_.start_time_);
     m_.stats_->expected_downtime_ms = int64_t(p_.downtime_limit_ms);
-    m_.dispatcher_.post([&m = m_] { m.set_status(MigrationStatus::Active); });
+    m_.dispatcher_.post([&m = m_] { m.set_status_from(MigrationStatus::Setup,
+                                                      MigrationStatus::Active); });
     QMIGD_TRY(iterate());
     QMIGD_TRY(complete());
     if (multifd_) {
@@ -469,6 +475,9 @@ OutgoingMigration::OutgoingMigration(uv_loop_t *loop, LoopDispatcher &dispatcher
 
 OutgoingMigration::~OutgoingMigration()
 {
+    if (connect_) {
+        connect_->cancel(); // its callback would use this object
+    }
     if (thread_.joinable()) {
         cancel();
         thread_.join();
@@ -481,6 +490,22 @@ void OutgoingMigration::set_status(MigrationStatus s)
     on_status_(s);
 }
 
+// QEMU's migrate_set_state(): a change posted from the migration thread
+// happens only from the state it expects (a cancel may have come between).
+void OutgoingMigration::set_status_from(MigrationStatus from, MigrationStatus to)
+{
+    if (status_ == from) {
+        set_status(to);
+    }
+}
+
+void OutgoingMigration::resume_guest_if_running()
+{
+    if (guest_ && vm_running_) {
+        guest_->resume();
+    }
+}
+
 Status OutgoingMigration::start(const TcpAddress &addr, const OutgoingParams &params)
 {
     if (thread_.joinable()) {
@@ -488,6 +513,7 @@ Status OutgoingMigration::start(const TcpAddress &addr, const OutgoingParams &pa
     }
     params_ = params;
     max_bandwidth_ = params.max_bandwidth;
+    vm_running_ = params.runstate == "running";
     cancel_requested_ = false;
     error_desc_.clear();
     stats_ = std::make_unique<Stats>();
@@ -499,18 +525,20 @@ Status OutgoingMigration::start(const TcpAddress &addr, const OutgoingParams &pa
                  params.multifd ? params.channels : 0, zero_page_detection_name(params.zpd),
                  total_bytes_);
     uint64_t gen = ++generation_;
-    tcp_connect_all(loop_, addr, 1 + (params.multifd ? params.channels : 0),
-                    [this, gen](Result<std::vector<int>> fds) {
-                        if (gen != generation_ || status_ != MigrationStatus::Setup) {
-                            if (fds) {
-                                for (int fd : *fds) {
-                                    ::close(fd);
-                                }
-                            }
-                            return;
-                        }
-                        on_connected(std::move(fds));
-                    });
+    connect_ = TcpConnect::start(loop_, addr, 1 + (params.multifd ? params.channels : 0),
+                                 [this, gen](Result<std::vector<int>> fds) {
+                                     connect_.reset();
+                                     if (gen != generation_ ||
+                                         status_ != MigrationStatus::Setup) {
+                                         if (fds) {
+                                             for (int fd : *fds) {
+                                                 ::close(fd);
+                                             }
+                                         }
+                                         return;
+                                     }
+                                     on_connected(std::move(fds));
+                                 });
     return {};
 }
 
@@ -532,11 +560,11 @@ void OutgoingMigration::on_connected(Result<std::vector<int>> fds)
             if (!st) {
                 err = st.error();
             }
-        } // channels closed here
-        {
+            // Forget the fds before ~Runner closes them: a cancel after
+            // that must not shut down a number the process reuses.
             std::lock_guard<std::mutex> lk(fds_mu_);
             fds_.clear();
-        }
+        } // channels closed here
         dispatcher_.post([this, err] { finish(err); });
     });
 }
@@ -551,6 +579,10 @@ void OutgoingMigration::finish(std::optional<Error> err)
     }
     if (guest_) {
         guest_->set_throttle(0); // cpu_throttle_stop()
+    }
+    if (cancel_requested_ || err) {
+        // A VM that was running runs on, wherever the switchover stopped.
+        resume_guest_if_running();
     }
     if (cancel_requested_) {
         spdlog::info("migration: cancelled after {} ms", stats_->total_time_ms.load());
@@ -584,7 +616,11 @@ void OutgoingMigration::cancel()
         shutdown_fd(fd);
     }
     if (!thread_.joinable()) {
-        // Still connecting: the connect callback will see the status change.
+        // Still connecting: abort the lookup and connects now.
+        if (connect_) {
+            connect_->cancel();
+            connect_.reset();
+        }
         ++generation_;
         dispatcher_.post([this] { finish(std::nullopt); });
     }

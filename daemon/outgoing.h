@@ -66,6 +66,9 @@ public:
     nlohmann::json query() const;
     // Live max-bandwidth changes apply at once, as in QEMU.
     void set_max_bandwidth(uint64_t bw) { max_bandwidth_ = bw; }
+    // `stop`/`cont` during a migration: decides the run state sent at
+    // switchover and whether a failed one resumes the guest.
+    void set_vm_running(bool running) { vm_running_ = running; }
 
 private:
     class Runner;
@@ -73,6 +76,9 @@ private:
 
     void on_connected(Result<std::vector<int>> fds);
     void set_status(MigrationStatus s);
+    void set_status_from(MigrationStatus from, MigrationStatus to);
+    // Any thread: un-pauses the guest unless the user paused the VM.
+    void resume_guest_if_running();
     void finish(std::optional<Error> err);
 
     uv_loop_t *loop_;
@@ -88,6 +94,7 @@ private:
     std::string error_desc_;
     std::thread thread_;
     uint64_t generation_ = 0; // ignores connects of a cancelled attempt
+    std::shared_ptr<TcpConnect> connect_; // while connecting
 
     // Written by the migration thread, read by the loop (query).
     struct Stats {
@@ -115,6 +122,7 @@ private:
     // Shared: set by the loop, read by the migration thread.
     std::atomic<bool> cancel_requested_{false};
     std::atomic<uint64_t> max_bandwidth_{0};
+    std::atomic<bool> vm_running_{true}; // set by the loop, read at switchover
     std::mutex fds_mu_;
     std::vector<int> fds_; // protected by fds_mu_: shut down on cancel
 };

@@ -30,7 +30,7 @@ Result<TcpAddress> parse_tcp_uri(const std::string &uri)
     std::string port = rest.substr(colon + 1);
     char *end = nullptr;
     unsigned long p = std::strtoul(port.c_str(), &end, 10);
-    if (port.empty() || *end != '\0' || p > 65535 || a.host.empty()) {
+    if (port.empty() || *end != '\0' || p > 65535) {
         return Error("error parsing address '" + rest + "'");
     }
     a.port = uint16_t(p);
@@ -39,14 +39,19 @@ Result<TcpAddress> parse_tcp_uri(const std::string &uri)
 
 namespace {
 
+// Listen addresses only (numeric or local names; a listen is set up once,
+// before the migration, where a blocking lookup harms nobody). An empty host
+// is QEMU's "tcp::PORT": every interface.
 Result<sockaddr_storage> resolve(const TcpAddress &addr)
 {
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
     addrinfo *res = nullptr;
     std::string port = std::to_string(addr.port);
-    int rc = getaddrinfo(addr.host.c_str(), port.c_str(), &hints, &res);
+    int rc = getaddrinfo(addr.host.empty() ? nullptr : addr.host.c_str(), port.c_str(), &hints,
+                         &res);
     if (rc != 0 || !res) {
         return Error(fmt::format("address resolution failed for {}:{}: {}", addr.host, addr.port,
                                  gai_strerror(rc)));
@@ -186,91 +191,167 @@ void TcpListener::close()
     }
 }
 
-namespace {
-
-// State shared by the connects of one tcp_connect_all() call.
-struct ConnectBatch {
-    std::function<void(Result<std::vector<int>>)> done;
-    TcpAddress addr;
-    std::vector<int> fds;
-    unsigned outstanding = 0;
-    std::optional<Error> error;
-
-    void finish_one()
-    {
-        if (--outstanding > 0) {
-            return;
-        }
-        if (error) {
-            for (int fd : fds) {
-                if (fd >= 0) {
-                    ::close(fd);
-                }
-            }
-            done(*error);
-        } else {
-            done(fds);
-        }
-        delete this;
-    }
-};
-
-struct ConnectReq {
+struct TcpConnect::Attempt {
     uv_connect_t req;
     uv_tcp_t tcp;
-    ConnectBatch *batch;
-    size_t index;
+    std::shared_ptr<TcpConnect> owner; // keeps it alive until closed
+    size_t index = 0;
 };
 
-} // namespace
-
-void tcp_connect_all(uv_loop_t *loop, const TcpAddress &addr, unsigned count,
-                     std::function<void(Result<std::vector<int>>)> done)
+std::shared_ptr<TcpConnect> TcpConnect::start(uv_loop_t *loop, const TcpAddress &addr,
+                                              unsigned count, Done done)
 {
-    auto ss = resolve(addr);
-    if (!ss) {
-        done(ss.error());
+    std::shared_ptr<TcpConnect> c(new TcpConnect(loop, addr, count, std::move(done)));
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    c->port_text_ = std::to_string(addr.port);
+    c->gai_.data = c.get();
+    c->resolving_ = c; // the lookup holds a reference until its callback
+    int rc = uv_getaddrinfo(loop, &c->gai_, on_resolved,
+                            addr.host.empty() ? nullptr : addr.host.c_str(),
+                            c->port_text_.c_str(), &hints);
+    if (rc != 0) {
+        c->resolving_.reset();
+        c->finish(Error(fmt::format("address resolution failed for {}:{}: {}", addr.host,
+                                    addr.port, uv_strerror(rc))));
+    }
+    return c;
+}
+
+void TcpConnect::on_resolved(uv_getaddrinfo_t *req, int status, addrinfo *res)
+{
+    auto *self = static_cast<TcpConnect *>(req->data);
+    std::shared_ptr<TcpConnect> keep = std::move(self->resolving_);
+    for (addrinfo *ai = res; ai; ai = ai->ai_next) {
+        sockaddr_storage ss{};
+        std::memcpy(&ss, ai->ai_addr, std::min<size_t>(ai->ai_addrlen, sizeof(ss)));
+        self->addrs_.push_back(ss);
+    }
+    uv_freeaddrinfo(res);
+    if (self->cancelled_) {
         return;
     }
-    auto *batch = new ConnectBatch{std::move(done), addr, std::vector<int>(count, -1), count, {}};
-    for (unsigned i = 0; i < count; i++) {
-        auto *r = new ConnectReq;
-        r->batch = batch;
-        r->index = i;
-        uv_tcp_init(loop, &r->tcp);
-        r->tcp.data = r;
-        int rc = uv_tcp_connect(
-            &r->req, &r->tcp, reinterpret_cast<const sockaddr *>(&*ss),
-            [](uv_connect_t *req, int status) {
-                auto *cr = reinterpret_cast<ConnectReq *>(req);
-                ConnectBatch *b = cr->batch;
-                if (status < 0 && !b->error) {
-                    b->error.emplace(fmt::format("Failed to connect to '{}:{}': {}", b->addr.host,
-                                                 b->addr.port, std::strerror(-status)));
-                } else if (status == 0) {
-                    uv_os_fd_t ufd;
-                    uv_fileno(reinterpret_cast<uv_handle_t *>(&cr->tcp), &ufd);
-                    auto fd = take_blocking_fd(ufd);
-                    if (fd) {
-                        b->fds[cr->index] = *fd;
-                    } else if (!b->error) {
-                        b->error = fd.error();
-                    }
-                }
-                uv_close(reinterpret_cast<uv_handle_t *>(&cr->tcp),
-                         [](uv_handle_t *h) { delete static_cast<ConnectReq *>(h->data); });
-                b->finish_one();
-            });
+    if (status < 0 || self->addrs_.empty()) {
+        self->finish(Error(fmt::format("address resolution failed for {}:{}: {}",
+                                       self->addr_.host, self->addr_.port,
+                                       uv_strerror(status < 0 ? status : UV_EAI_NONAME))));
+        return;
+    }
+    self->try_address(0);
+}
+
+// Opens all `count_` connections to address `i`; on any failure the next
+// address is tried, as QEMU's inet_connect_saddr() walks getaddrinfo's list.
+void TcpConnect::try_address(size_t i)
+{
+    current_ = i;
+    fds_.assign(count_, -1);
+    error_.reset();
+    launching_ = true; // a connect failing at once must not end the round early
+    for (unsigned k = 0; k < count_; k++) {
+        auto *a = new Attempt;
+        a->owner = shared_from_this();
+        a->index = k;
+        uv_tcp_init(loop_, &a->tcp);
+        a->tcp.data = a;
+        pending_.push_back(a);
+        int rc = uv_tcp_connect(&a->req, &a->tcp, reinterpret_cast<const sockaddr *>(&addrs_[i]),
+                                on_connect);
         if (rc != 0) {
-            if (!batch->error) {
-                batch->error.emplace(fmt::format("Failed to connect to '{}:{}': {}", addr.host,
-                                                 addr.port, std::strerror(-rc)));
-            }
-            uv_close(reinterpret_cast<uv_handle_t *>(&r->tcp),
-                     [](uv_handle_t *h) { delete static_cast<ConnectReq *>(h->data); });
-            batch->finish_one();
+            connected(a, rc);
         }
     }
+    launching_ = false;
+    round_done();
+}
+
+void TcpConnect::on_connect(uv_connect_t *req, int status)
+{
+    auto *a = reinterpret_cast<Attempt *>(req);
+    a->owner->connected(a, status);
+}
+
+void TcpConnect::connected(Attempt *a, int status)
+{
+    if (status == 0 && !cancelled_) {
+        uv_os_fd_t ufd;
+        uv_fileno(reinterpret_cast<uv_handle_t *>(&a->tcp), &ufd);
+        auto fd = take_blocking_fd(ufd);
+        if (fd) {
+            fds_[a->index] = *fd;
+        } else if (!error_) {
+            error_ = fd.error();
+        }
+    } else if (status < 0 && !error_) {
+        error_.emplace(fmt::format("Failed to connect to '{}:{}': {}", addr_.host, addr_.port,
+                                   uv_strerror(status)));
+    }
+    pending_.erase(std::find(pending_.begin(), pending_.end(), a));
+    if (!uv_is_closing(reinterpret_cast<uv_handle_t *>(&a->tcp))) {
+        close_attempt(a);
+    }
+    round_done();
+}
+
+// All connects to the current address are back: done, or the next address.
+void TcpConnect::round_done()
+{
+    if (launching_ || !pending_.empty() || cancelled_) {
+        return;
+    }
+    if (error_) {
+        close_fds();
+        if (current_ + 1 < addrs_.size()) {
+            try_address(current_ + 1);
+            return;
+        }
+        finish(*error_);
+        return;
+    }
+    finish(fds_);
+}
+
+void TcpConnect::close_attempt(Attempt *a)
+{
+    uv_close(reinterpret_cast<uv_handle_t *>(&a->tcp),
+             [](uv_handle_t *h) { delete static_cast<Attempt *>(h->data); });
+}
+
+void TcpConnect::close_fds()
+{
+    for (int &fd : fds_) {
+        if (fd >= 0) {
+            ::close(fd);
+        }
+        fd = -1;
+    }
+}
+
+void TcpConnect::finish(Result<std::vector<int>> r)
+{
+    Done done = std::move(done_);
+    done_ = nullptr;
+    if (done) {
+        done(std::move(r));
+    }
+}
+
+void TcpConnect::cancel()
+{
+    if (cancelled_) {
+        return;
+    }
+    cancelled_ = true;
+    done_ = nullptr;
+    if (resolving_) {
+        uv_cancel(reinterpret_cast<uv_req_t *>(&gai_)); // callback still comes
+    }
+    for (Attempt *a : pending_) {
+        // Closing a connecting handle makes its callback run with ECANCELED.
+        close_attempt(a);
+    }
+    close_fds();
 }
 
 } // namespace qmigd

@@ -5,6 +5,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
+#include <netdb.h>
 #include <string>
 #include <vector>
 
@@ -79,9 +82,47 @@ private:
     std::vector<PendingConnection *> pending_;
 };
 
-// Connects `count` sockets to addr; calls back once with all fds
-// (blocking, owned by the caller) or the first error, in QEMU's words.
-void tcp_connect_all(uv_loop_t *loop, const TcpAddress &addr, unsigned count,
-                     std::function<void(Result<std::vector<int>>)> done);
+// Connects `count` sockets to addr: the name is resolved on libuv's thread
+// pool and each address tried in turn (QEMU's inet_connect_saddr). `done`
+// runs once, with all fds (blocking, the caller's) or the first error in
+// QEMU's words -- unless cancel() came first: it aborts the lookup and the
+// connects at once, and `done` never runs. Loop thread only.
+class TcpConnect : public std::enable_shared_from_this<TcpConnect> {
+public:
+    using Done = std::function<void(Result<std::vector<int>>)>;
+    static std::shared_ptr<TcpConnect> start(uv_loop_t *loop, const TcpAddress &addr,
+                                             unsigned count, Done done);
+    void cancel();
+
+private:
+    struct Attempt;
+    TcpConnect(uv_loop_t *loop, TcpAddress addr, unsigned count, Done done)
+        : loop_(loop), addr_(std::move(addr)), count_(count), done_(std::move(done))
+    {
+    }
+    static void on_resolved(uv_getaddrinfo_t *req, int status, addrinfo *res);
+    static void on_connect(uv_connect_t *req, int status);
+    void try_address(size_t i);
+    void connected(Attempt *a, int status);
+    void round_done();
+    static void close_attempt(Attempt *a);
+    void close_fds();
+    void finish(Result<std::vector<int>> r);
+
+    uv_loop_t *loop_;
+    TcpAddress addr_;
+    unsigned count_;
+    Done done_;
+    std::string port_text_;
+    uv_getaddrinfo_t gai_;
+    std::shared_ptr<TcpConnect> resolving_; // self, while the lookup runs
+    std::vector<sockaddr_storage> addrs_;
+    size_t current_ = 0;
+    std::vector<Attempt *> pending_; // connects in flight
+    std::vector<int> fds_;
+    std::optional<Error> error_;
+    bool cancelled_ = false;
+    bool launching_ = false;
+};
 
 } // namespace qmigd

@@ -1,5 +1,7 @@
 #include "monitor/hmp.h"
 
+#include <cctype>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <sstream>
@@ -52,23 +54,93 @@ void ram_lines(std::string &s, const json &ram)
     }
 }
 
-// HMP's max-bandwidth takes a size whose default unit is MiB (qemu_strtosz_MiB).
+// QEMU's qemu_strtosz_MiB(): decimal digits with an optional fraction, or
+// 0x hex digits; then an optional unit B K M G T P E (any case; none means
+// MiB) and nothing else. No sign, exponent, inf or nan; overflow is an error.
 std::optional<uint64_t> parse_size_mib(const std::string &text)
 {
-    char *end = nullptr;
-    double v = std::strtod(text.c_str(), &end);
-    if (end == text.c_str() || v < 0) {
+    size_t i = 0;
+    while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) {
+        i++;
+    }
+    bool hex = text.compare(i, 2, "0x") == 0 || text.compare(i, 2, "0X") == 0;
+    i += hex ? 2 : 0;
+    uint64_t whole = 0;
+    size_t digits = 0;
+    for (; i < text.size() && std::isxdigit(static_cast<unsigned char>(text[i])); i++, digits++) {
+        int d = std::isdigit(static_cast<unsigned char>(text[i])) ? text[i] - '0'
+                                                                  : (std::tolower(text[i]) - 'a' + 10);
+        if (!hex && d > 9) {
+            break;
+        }
+        unsigned base = hex ? 16 : 10;
+        if (whole > (UINT64_MAX - unsigned(d)) / base) {
+            return std::nullopt;
+        }
+        whole = whole * base + unsigned(d);
+    }
+    if (digits == 0) {
         return std::nullopt;
     }
-    std::string suffix(end);
-    uint64_t mul = 1 << 20;
-    if (suffix == "B" || suffix == "b") mul = 1;
-    else if (suffix == "K" || suffix == "k") mul = 1 << 10;
-    else if (suffix == "M" || suffix == "m" || suffix.empty()) mul = 1 << 20;
-    else if (suffix == "G" || suffix == "g") mul = uint64_t(1) << 30;
-    else if (suffix == "T" || suffix == "t") mul = uint64_t(1) << 40;
-    else return std::nullopt;
-    return uint64_t(v * double(mul));
+    double fraction = 0;
+    if (!hex && i < text.size() && text[i] == '.') {
+        double scale = 0.1;
+        for (i++; i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])); i++) {
+            fraction += (text[i] - '0') * scale;
+            scale /= 10;
+        }
+    }
+    static const std::string units = "bkmgtpe";
+    unsigned shift = 20;
+    if (i < text.size()) {
+        size_t u = units.find(char(std::tolower(static_cast<unsigned char>(text[i]))));
+        if (u == std::string::npos || i + 1 != text.size()) {
+            return std::nullopt;
+        }
+        shift = unsigned(u) * 10;
+    }
+    uint64_t mul = uint64_t(1) << shift;
+    if (mul == 1 && fraction != 0) {
+        return std::nullopt;
+    }
+    uint64_t frac = uint64_t(fraction * double(mul));
+    if (whole > (UINT64_MAX - frac) / mul) {
+        return std::nullopt;
+    }
+    return whole * mul + frac;
+}
+
+// An HMP value for migrate_set_parameter, converted as QEMU's HMP does, or
+// the error QEMU gives for it.
+QmpResult hmp_parameter_value(const json &params, const std::string &name,
+                              const std::string &value)
+{
+    if (name == "max-bandwidth" || name == "avail-switchover-bandwidth" ||
+        name == "max-postcopy-bandwidth") {
+        auto n = parse_size_mib(value);
+        if (!n || *n > uint64_t(INT64_MAX)) {
+            return qmp_error("Invalid size " + value);
+        }
+        return json(*n);
+    }
+    if (params.contains(name) && params[name].is_number()) {
+        // The string input visitor: any integer, negatives wrapping.
+        char *end = nullptr;
+        errno = 0;
+        long long n = std::strtoll(value.c_str(), &end, 0);
+        if (value.empty() || *end != '\0' || errno == ERANGE) {
+            unsigned long long u = std::strtoull(value.c_str(), &end, 0);
+            if (value.empty() || *end != '\0' || value[0] == '-') {
+                return qmp_error("Parameter '" + name + "' expects uint64");
+            }
+            return json(uint64_t(u));
+        }
+        return json(uint64_t(n));
+    }
+    if (params.contains(name) && params[name].is_boolean()) {
+        return json(value == "on" || value == "true");
+    }
+    return json(value);
 }
 
 std::string error_text(const QmpResult &r)
@@ -77,23 +149,6 @@ std::string error_text(const QmpResult &r)
         return "Error: " + e->desc + "\r\n";
     }
     return "";
-}
-
-json hmp_parameter_value(const json &params, const std::string &name, const std::string &value)
-{
-    if (name == "max-bandwidth") {
-        auto n = parse_size_mib(value);
-        return n ? json(*n) : json(value);
-    }
-    if (params.contains(name) && params[name].is_number()) {
-        char *end = nullptr;
-        unsigned long long n = std::strtoull(value.c_str(), &end, 10);
-        return (*end == '\0' && !value.empty()) ? json(uint64_t(n)) : json(value);
-    }
-    if (params.contains(name) && params[name].is_boolean()) {
-        return value == "on" || value == "true";
-    }
-    return value;
 }
 
 std::string run_hmp(QmpServer &server, const std::string &line)
@@ -113,9 +168,17 @@ std::string run_hmp(QmpServer &server, const std::string &line)
         auto r = server.dispatch("query-migrate-capabilities", json::object());
         return hmp_format_info_migrate_capabilities(std::get<json>(r));
     }
-    if (cmd == "migrate_set_parameter" && !a.empty() && !b.empty()) {
+    if (cmd == "migrate_set_parameter" && !a.empty()) {
+        if (b.empty()) {
+            return "migrate_set_parameter: string expected\r\nTry \"help migrate_set_parameter\" "
+                   "for more information\r\n";
+        }
         auto params = std::get<json>(server.dispatch("query-migrate-parameters", json::object()));
-        json args = {{a, hmp_parameter_value(params, a, b)}};
+        QmpResult v = hmp_parameter_value(params, a, b);
+        if (std::holds_alternative<QmpError>(v)) {
+            return error_text(v);
+        }
+        json args = {{a, std::get<json>(v)}};
         return error_text(server.dispatch("migrate-set-parameters", args));
     }
     if (cmd == "migrate_set_capability" && !a.empty() && (b == "on" || b == "off")) {

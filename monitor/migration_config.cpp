@@ -32,11 +32,101 @@ std::string underscored(std::string s)
     return s;
 }
 
-QmpError range_error(const std::string &key, uint64_t lo, const std::string &hi)
+// QEMU 10's integer parameters: the QAPI width (checked first, naming the
+// parameter with dashes), then migrate_params_check()'s range (naming it
+// with underscores, in one of a few phrasings). Measured against QEMU 10.0.
+enum class Width { U8, U32, U64 };
+enum class Phrase {
+    Range,    // "expects an integer in the range of LO to HI"
+    Between,  // "expects a value between LO and HI"
+    PowerOf2, // xbzrle-cache-size
+    AtLeast1, // vcpu-dirty-limit
+};
+
+struct IntParam {
+    const char *key;
+    Width width;
+    uint64_t lo, hi;
+    Phrase phrase;
+    const char *text_lo; // as QEMU prints the bounds (not always lo/hi)
+    const char *text_hi;
+    bool dashed = false; // QEMU names this one with dashes in the range error
+};
+
+const IntParam kIntParams[] = {
+    {"announce-initial", Width::U64, 0, 100000, Phrase::Between, "0", "100000"},
+    {"announce-max", Width::U64, 0, 100000, Phrase::Between, "0", "100000"},
+    {"announce-rounds", Width::U64, 0, 1000, Phrase::Between, "0", "1000"},
+    {"announce-step", Width::U64, 1, 10000, Phrase::Between, "0", "10000"},
+    {"avail-switchover-bandwidth", Width::U64, 0, UINT64_MAX, Phrase::Range, "", ""},
+    {"cpu-throttle-increment", Width::U8, 1, 99, Phrase::Range, "1", "99"},
+    {"cpu-throttle-initial", Width::U8, 1, 99, Phrase::Range, "1", "99"},
+    {"downtime-limit", Width::U64, 0, 2000000, Phrase::Range, "0", "(2000 * 1000) ms"},
+    {"max-bandwidth", Width::U64, 0, UINT64_MAX, Phrase::Range, "", ""},
+    // Its lower bound is cpu-throttle-initial: checked on the merged set.
+    {"max-cpu-throttle", Width::U8, 0, 99, Phrase::Range, "cpu_throttle_initial", "99"},
+    {"max-postcopy-bandwidth", Width::U64, 0, UINT64_MAX, Phrase::Range, "", ""},
+    {"multifd-channels", Width::U8, 1, 255, Phrase::Between, "1", "255"},
+    {"multifd-qatzip-level", Width::U8, 1, 9, Phrase::Between, "1", "9"},
+    {"multifd-zlib-level", Width::U8, 0, 9, Phrase::Between, "0", "9"},
+    {"multifd-zstd-level", Width::U8, 0, 20, Phrase::Between, "0", "20"},
+    {"throttle-trigger-threshold", Width::U8, 1, 100, Phrase::Range, "1", "100"},
+    {"vcpu-dirty-limit", Width::U64, 1, UINT64_MAX, Phrase::AtLeast1, "", ""},
+    {"x-checkpoint-delay", Width::U32, 0, UINT32_MAX, Phrase::Range, "", ""},
+    {"x-vcpu-dirty-limit-period", Width::U64, 1, 1000, Phrase::Between, "1", "1000", true},
+    {"xbzrle-cache-size", Width::U64, 4096, UINT64_MAX, Phrase::PowerOf2, "", ""},
+};
+
+const IntParam *find_int_param(const std::string &key)
 {
-    return {"GenericError", "Parameter '" + underscored(key) + "' expects an integer in the "
-                                                               "range of " +
-                                std::to_string(lo) + " to " + hi};
+    for (const auto &p : kIntParams) {
+        if (key == p.key) {
+            return &p;
+        }
+    }
+    return nullptr;
+}
+
+QmpError int_range_error(const IntParam &p)
+{
+    std::string name = p.dashed ? p.key : underscored(p.key);
+    std::string what;
+    switch (p.phrase) {
+    case Phrase::Range:
+        what = std::string("expects an integer in the range of ") + p.text_lo + " to " + p.text_hi;
+        break;
+    case Phrase::Between:
+        what = std::string("expects a value between ") + p.text_lo + " and " + p.text_hi;
+        break;
+    case Phrase::PowerOf2:
+        what = "expects a power of two no less than the target page size";
+        break;
+    case Phrase::AtLeast1:
+        what = "must be greater than 1 MB/s";
+        break;
+    }
+    return {"GenericError", "Parameter '" + name + "' " + what};
+}
+
+std::optional<QmpError> check_int_param(const IntParam &p, const json &v, json *out)
+{
+    auto n = as_uint64(v);
+    if (!n) {
+        return type_error(p.key, "uint64");
+    }
+    if (p.width == Width::U8 && *n > UINT8_MAX) {
+        return type_error(p.key, "uint8_t");
+    }
+    if (p.width == Width::U32 && *n > UINT32_MAX) {
+        return type_error(p.key, "uint32_t");
+    }
+    bool bad = *n < p.lo || *n > p.hi ||
+               (p.phrase == Phrase::PowerOf2 && (*n & (*n - 1)) != 0);
+    if (bad) {
+        return int_range_error(p);
+    }
+    *out = *n;
+    return std::nullopt;
 }
 
 } // namespace
@@ -180,36 +270,8 @@ std::optional<QmpError> MigrationConfig::check_parameter(const std::string &key,
         *out = v;
         return std::nullopt;
     };
-    auto uint_check = [&](uint64_t lo, uint64_t hi, const std::string &hi_text,
-                          const char *type) -> std::optional<QmpError> {
-        auto n = as_uint64(v);
-        if (!n) {
-            return type_error(key, "uint64");
-        }
-        if (std::string(type) == "uint8_t" && *n > 255) {
-            return type_error(key, "uint8_t");
-        }
-        if (*n < lo || *n > hi) {
-            return range_error(key, lo, hi_text);
-        }
-        *out = *n;
-        return std::nullopt;
-    };
-
-    if (key == "multifd-channels") {
-        auto n = as_uint64(v);
-        if (!n) {
-            return type_error(key, "uint64");
-        }
-        if (*n > 255) {
-            return type_error(key, "uint8_t");
-        }
-        if (*n == 0) {
-            return QmpError{"GenericError",
-                            "Parameter 'multifd_channels' expects a value between 1 and 255"};
-        }
-        *out = *n;
-        return std::nullopt;
+    if (const IntParam *ip = find_int_param(key)) {
+        return check_int_param(*ip, v, out);
     }
     if (key == "zero-page-detection") {
         return enum_check({"none", "legacy", "multifd"});
@@ -223,16 +285,6 @@ std::optional<QmpError> MigrationConfig::check_parameter(const std::string &key,
                                                 "' is not supported by qmigd (only 'none')"};
         }
         return std::nullopt;
-    }
-    if (key == "max-bandwidth") {
-        return uint_check(0, UINT64_MAX, "", "uint64");
-    }
-    if (key == "downtime-limit") {
-        return uint_check(0, 2000000, "(2000 * 1000) ms", "uint64");
-    }
-    if (key == "cpu-throttle-initial" || key == "cpu-throttle-increment" ||
-        key == "max-cpu-throttle") {
-        return uint_check(1, 99, "99", "uint8_t");
     }
     if (key == "block-bitmap-mapping") { // listed by QEMU only once set
         if (!v.is_array()) {
@@ -273,6 +325,10 @@ std::optional<QmpError> MigrationConfig::set_parameters(const json &args)
             return e;
         }
         next[it.key()] = normalized;
+    }
+    // migrate_params_check() on the merged set.
+    if (next["max-cpu-throttle"].get<uint64_t>() < next["cpu-throttle-initial"].get<uint64_t>()) {
+        return int_range_error(*find_int_param("max-cpu-throttle"));
     }
     params_ = std::move(next);
     return std::nullopt;

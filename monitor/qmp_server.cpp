@@ -12,8 +12,9 @@ namespace qmigd {
 
 namespace {
 
-// A request that never ends is a broken client, not a big command.
-constexpr size_t kMaxPendingInput = 1 << 20;
+// Replies queued for a client that does not read them: past this, stop
+// reading its requests until they drain (QEMU suspends such a monitor).
+constexpr size_t kMaxQueuedOutput = 1 << 20;
 
 struct WriteReq {
     uv_write_t req;
@@ -43,6 +44,7 @@ struct QmpServer::Client {
     bool negotiated = false;
     bool oob = false; // capability "oob" enabled at negotiation
     bool closing = false;
+    bool reading = false; // false while its unread replies back up
 };
 
 std::optional<QmpError> qmp_check_members(const json &args,
@@ -111,6 +113,12 @@ void QmpServer::on_connection(uv_stream_t *listener, int status)
     }
     self->clients_.push_back(c);
     self->send(c, qmp_greeting());
+    start_reading(c);
+}
+
+void QmpServer::start_reading(Client *c)
+{
+    c->reading = true;
     uv_read_start(
         reinterpret_cast<uv_stream_t *>(&c->pipe),
         [](uv_handle_t *, size_t suggested, uv_buf_t *buf) {
@@ -124,18 +132,17 @@ void QmpServer::on_connection(uv_stream_t *listener, int status)
                 cl->server->drop(cl);
                 return;
             }
-            for (auto &text : cl->splitter.feed(buf->base, size_t(nread))) {
+            for (auto &piece : cl->splitter.feed(buf->base, size_t(nread))) {
                 if (cl->closing) {
                     break;
                 }
-                cl->server->handle_line(cl, text);
+                if (!piece.error.empty()) {
+                    cl->server->send(cl, error_reply({"GenericError", piece.error}));
+                } else {
+                    cl->server->handle_line(cl, piece.text);
+                }
             }
-            if (cl->splitter.pending() > kMaxPendingInput) {
-                spdlog::warn("qmp: client sent over {} bytes without completing a command; "
-                             "closing it",
-                             kMaxPendingInput);
-                cl->server->drop(cl);
-            }
+            cl->server->throttle(cl);
         });
 }
 
@@ -224,20 +231,52 @@ QmpResult QmpServer::negotiate(Client *c, const json &args)
     return json::object();
 }
 
+// Back-pressure: a client whose replies back up is not read from until
+// they drain to half the limit (its requests wait in the socket, bounded by
+// the kernel). Events still queue; past 64x the limit the client is gone.
+void QmpServer::throttle(Client *c)
+{
+    if (c->closing) {
+        return;
+    }
+    size_t queued = uv_stream_get_write_queue_size(reinterpret_cast<uv_stream_t *>(&c->pipe));
+    if (queued > 64 * kMaxQueuedOutput) {
+        spdlog::warn("qmp: client does not read its replies ({} bytes queued); closing it",
+                     queued);
+        drop(c);
+    } else if (c->reading && queued > kMaxQueuedOutput) {
+        uv_read_stop(reinterpret_cast<uv_stream_t *>(&c->pipe));
+        c->reading = false;
+    } else if (!c->reading && queued <= kMaxQueuedOutput / 2) {
+        start_reading(c);
+    }
+}
+
 void QmpServer::send(Client *c, const json &msg)
 {
     if (c->closing) {
         return;
     }
     auto *w = new WriteReq;
-    w->data = msg.dump() + "\r\n";
+    // Replies may carry bytes that came off the wire (names in error-desc):
+    // invalid UTF-8 becomes U+FFFD rather than an exception.
+    w->data = msg.dump(-1, ' ', false, json::error_handler_t::replace) + "\r\n";
+    w->req.data = c;
     uv_buf_t buf = uv_buf_init(w->data.data(), unsigned(w->data.size()));
     int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t *>(&c->pipe), &buf, 1,
-                      [](uv_write_t *req, int) { delete reinterpret_cast<WriteReq *>(req); });
+                      [](uv_write_t *req, int status) {
+                          auto *cl = static_cast<Client *>(req->data);
+                          delete reinterpret_cast<WriteReq *>(req);
+                          if (status == 0) {
+                              cl->server->throttle(cl);
+                          }
+                      });
     if (rc != 0) {
         delete w;
         drop(c);
+        return;
     }
+    throttle(c);
 }
 
 void QmpServer::emit_event(const std::string &name, const json &data)

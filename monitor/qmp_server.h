@@ -66,6 +66,8 @@ private:
     void handle_line(Client *c, const std::string &text);
     QmpResult negotiate(Client *c, const json &args);
     void send(Client *c, const json &msg);
+    static void start_reading(Client *c);
+    void throttle(Client *c);
     void drop(Client *c);
 
     uv_loop_t *loop_;

@@ -103,7 +103,7 @@ Status Loader::load_configuration()
     QMIGD_TRY(stream_status());
     // QEMU compares only the received prefix; we compare exactly.
     if (name != cfg_.machine_type) {
-        return fail(fmt::format("Machine type received is '{}' and local is '{}'", name,
+        return fail(fmt::format("Machine type received is '{}' and local is '{}'", wire_text(name),
                                 cfg_.machine_type));
     }
     // Subsections follow with no terminator; at top level the next section
@@ -121,7 +121,7 @@ Status Loader::load_config_subsection()
     uint32_t version = f_.get_be32();
     QMIGD_TRY(stream_status());
     if (version != 1) {
-        return fail(fmt::format("Unsupported version {} of {}", version, name));
+        return fail(fmt::format("Unsupported version {} of {}", version, wire_text(name)));
     }
     if (name == "configuration/target-page-bits") {
         uint32_t bits = f_.get_be32();
@@ -138,7 +138,7 @@ Status Loader::load_config_subsection()
         std::string cap = count ? f_.get_cstr8() : std::string();
         QMIGD_TRY(stream_status());
         if (count) {
-            return fail(fmt::format("Capability '{}' is not supported by qmigd", cap));
+            return fail(fmt::format("Capability '{}' is not supported by qmigd", wire_text(cap)));
         }
         return {};
     }
@@ -152,7 +152,7 @@ Status Loader::load_config_subsection()
         }
         return {};
     }
-    return fail(fmt::format("Unknown configuration subsection '{}'", name));
+    return fail(fmt::format("Unknown configuration subsection '{}'", wire_text(name)));
 }
 
 Status Loader::load_section_start(uint8_t type)
@@ -178,17 +178,17 @@ Status Loader::load_section_start(uint8_t type)
         return fail(fmt::format("Unknown savevm section or instance '{}' {}. Make sure that "
                                 "your current VM setup matches your saved VM setup, "
                                 "including any hotplugged devices",
-                                idstr, instance));
+                                wire_text(idstr), instance));
     }
     if (version != max_version) {
-        return fail(fmt::format("savevm: unsupported version {} for '{}' v{}", version, idstr,
+        return fail(fmt::format("savevm: unsupported version {} for '{}' v{}", version, wire_text(idstr),
                                 max_version));
     }
     if (kind == SectionKind::Ram && type != QEMU_VM_SECTION_START) {
         return fail("ram must be sent as START/PART/END sections");
     }
     if (kind != SectionKind::Ram && type != QEMU_VM_SECTION_FULL) {
-        return fail(fmt::format("{} must be sent as a FULL section", idstr));
+        return fail(fmt::format("{} must be sent as a FULL section", wire_text(idstr)));
     }
     if (sections_.count(id) == 0 && sections_.size() >= kMaxSections) {
         return fail("too many sections");
@@ -207,7 +207,7 @@ Status Loader::load_section_part(uint8_t type)
         return fail(fmt::format("Unknown savevm section {}", id));
     }
     if (it->second.kind != SectionKind::Ram) {
-        return fail(fmt::format("Unexpected PART/END for section '{}'", it->second.idstr));
+        return fail(fmt::format("Unexpected PART/END for section '{}'", wire_text(it->second.idstr)));
     }
     QMIGD_TRY(load_body(it->second, type));
     return check_footer(id, it->second);
@@ -232,14 +232,14 @@ Status Loader::check_footer(uint32_t id, const SectionInfo &s)
     uint8_t b = f_.get_byte();
     QMIGD_TRY(stream_status());
     if (b != QEMU_VM_SECTION_FOOTER) {
-        return fail(fmt::format("Missing section footer for {}", s.idstr));
+        return fail(fmt::format("Missing section footer for {}", wire_text(s.idstr)));
     }
     uint32_t got = f_.get_be32();
     QMIGD_TRY(stream_status());
     if (got != id) {
         return fail(fmt::format("Mismatched section id in footer for {} - read 0x{:x} "
                                 "expected 0x{:x}",
-                                s.idstr, got, id));
+                                wire_text(s.idstr), got, id));
     }
     return {};
 }
@@ -279,7 +279,7 @@ Status Loader::globalstate_load()
     }
     std::string runstate(name, len);
     if (std::find(kRunStates.begin(), kRunStates.end(), runstate) == kRunStates.end()) {
-        return fail(fmt::format("globalstate: unknown runstate '{}'", runstate));
+        return fail(fmt::format("globalstate: unknown runstate '{}'", wire_text(runstate)));
     }
     result_.runstate = runstate;
     return {};
@@ -303,7 +303,7 @@ Result<size_t> Loader::ram_block_from_stream(uint64_t flags)
             return i;
         }
     }
-    return Error(fmt::format("Can't find block {}", idstr));
+    return Error(fmt::format("Can't find block {}", wire_text(idstr)));
 }
 
 Status Loader::ram_load_mem_size(uint64_t total)
@@ -315,11 +315,11 @@ Status Loader::ram_load_mem_size(uint64_t total)
         auto it = std::find_if(cfg_.blocks.begin(), cfg_.blocks.end(),
                                [&](const RamBlockDesc &b) { return b.idstr == idstr; });
         if (it == cfg_.blocks.end()) {
-            return fail(fmt::format("Unknown ramblock \"{}\", cannot accept migration", idstr));
+            return fail(fmt::format("Unknown ramblock \"{}\", cannot accept migration", wire_text(idstr)));
         }
         if (length != it->used_length) {
             return fail(fmt::format("Size mismatch: {}: 0x{:x} != 0x{:x}: Invalid argument",
-                                    idstr, length, it->used_length));
+                                    wire_text(idstr), length, it->used_length));
         }
         if (length > total) {
             return fail(fmt::format("RAM block list exceeds the announced total by 0x{:x}",

@@ -113,7 +113,7 @@ Result<MultiFDPacket> multifd_packet_decode(const uint8_t in[MULTIFD_PACKET_HEAD
         b++;
     }
     if (b == blocks.size()) {
-        return Error(fmt::format("multifd: unknown ram block {}", idstr));
+        return Error(fmt::format("multifd: unknown ram block {}", wire_text(idstr)));
     }
     p.block = b;
     uint64_t length = blocks[b].used_length;

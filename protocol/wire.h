@@ -5,10 +5,32 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <string_view>
 #include <vector>
 
 namespace qmigd {
+
+// Bytes read off the wire (a machine type, a RAM block name...) as text fit
+// for an error message, a log line and a JSON reply: printable ASCII as it
+// is, every other byte as \xNN. A peer cannot smuggle invalid UTF-8 or
+// control characters into error-desc this way.
+inline std::string wire_text(std::string_view bytes)
+{
+    static const char hex[] = "0123456789abcdef";
+    std::string out;
+    out.reserve(bytes.size());
+    for (unsigned char c : bytes) {
+        if (c >= 0x20 && c < 0x7f && c != '\\') {
+            out.push_back(char(c));
+        } else {
+            out += "\\x";
+            out.push_back(hex[c >> 4]);
+            out.push_back(hex[c & 15]);
+        }
+    }
+    return out;
+}
 
 inline uint16_t get_be16(const uint8_t *p) { return uint16_t(p[0] << 8 | p[1]); }
 

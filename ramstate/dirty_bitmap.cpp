@@ -30,7 +30,8 @@ void DirtyBitmap::set_dirty(uint64_t page)
         .fetch_or(uint64_t(1) << (page % 64), std::memory_order_release);
 }
 
-uint64_t DirtyBitmap::sync_and_clear(std::vector<uint64_t> &dest)
+uint64_t DirtyBitmap::sync_and_clear(std::vector<uint64_t> &dest,
+                                     const std::function<void(size_t, uint64_t)> &on_word)
 {
     uint64_t count = 0;
     for (size_t i = 0; i < words_; i++) {
@@ -48,6 +49,9 @@ uint64_t DirtyBitmap::sync_and_clear(std::vector<uint64_t> &dest)
         }
         count += uint64_t(std::popcount(bits & ~dest[i]));
         dest[i] |= bits;
+        if (on_word && bits) {
+            on_word(i, bits);
+        }
     }
     return count;
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,8 +32,10 @@ public:
     // Writer side: mark a page dirty (after writing it).
     void set_dirty(uint64_t page);
     // Source side: moves every set bit into `dest` (OR) and clears it here.
-    // Returns the number of newly collected dirty pages.
-    uint64_t sync_and_clear(std::vector<uint64_t> &dest);
+    // Returns the number of newly collected dirty pages. `on_word`, where
+    // given, sees each word's collected bits.
+    uint64_t sync_and_clear(std::vector<uint64_t> &dest,
+                            const std::function<void(size_t, uint64_t)> &on_word = {});
 
 private:
     DirtyBitmap() = default;

@@ -37,7 +37,7 @@ bool GuestControl::guest_attached() const
     return pid != 0 && (kill(pid_t(pid), 0) == 0 || errno == EPERM);
 }
 
-Status GuestControl::pause(std::chrono::milliseconds timeout)
+Status GuestControl::pause(std::chrono::milliseconds timeout, const std::atomic<bool> *abort)
 {
     // Release: pairs with the acquire load in check_pause().
     field(rec_->pause_req).store(1, std::memory_order_release);
@@ -47,6 +47,9 @@ Status GuestControl::pause(std::chrono::milliseconds timeout)
     while (field(rec_->paused_ack).load(std::memory_order_acquire) != 1) {
         if (!guest_attached()) {
             return {};
+        }
+        if (abort && abort->load()) {
+            return Error("cancelled while waiting for the guest to pause");
         }
         if (std::chrono::steady_clock::now() > deadline) {
             return Error(fmt::format("guest (pid {}) did not acknowledge the pause within {} ms",

@@ -40,7 +40,8 @@ public:
     // Asks the guest to pause and waits for its acknowledgement (the page
     // in flight is written and marked). Returns at once when no live guest
     // is attached; fails after `timeout` if an attached guest never answers.
-    Status pause(std::chrono::milliseconds timeout);
+    // `abort`, where given, ends the wait early with an error (a cancel).
+    Status pause(std::chrono::milliseconds timeout, const std::atomic<bool> *abort = nullptr);
     void resume();
     void set_throttle(unsigned pct);
     unsigned throttle() const;

@@ -314,12 +314,10 @@ uint64_t RamImage::known_zero_word(size_t word) const
     return std::atomic_ref<const uint64_t>(known_zero_[word]).load(std::memory_order_relaxed);
 }
 
-void RamImage::forget_holes(const std::vector<uint64_t> &dirty)
+void RamImage::forget_holes(size_t word, uint64_t dirty)
 {
-    for (size_t i = 0; i < known_zero_.size() && i < dirty.size(); i++) {
-        if (dirty[i]) {
-            word_ref(known_zero_, i * 64).fetch_and(~dirty[i], std::memory_order_relaxed);
-        }
+    if (word < known_zero_.size()) {
+        word_ref(known_zero_, word * 64).fetch_and(~dirty, std::memory_order_relaxed);
     }
 }
 

@@ -74,8 +74,9 @@ public:
     bool known_zero(uint64_t page) const;
     // 64 bits of known_zero() for pages [64 * word, 64 * word + 64).
     uint64_t known_zero_word(size_t word) const;
-    // Source, at each dirty sync: pages the guest wrote are no longer holes.
-    void forget_holes(const std::vector<uint64_t> &dirty);
+    // Source, at each dirty sync: pages the guest wrote (the bits of bitmap
+    // word `word`) are no longer holes.
+    void forget_holes(size_t word, uint64_t dirty);
 
 private:
     RamImage() = default;

@@ -43,6 +43,8 @@ class Harness:
         check("socket-address" not in info or info["status"] == "failed")
         log = self.dst.log_text()
         check(desc in log, "the failure was not logged")
+        hmp = self.dst.qmp.cmd("human-monitor-command", **{"command-line": "info migrate"})
+        check(desc in hmp, f"info migrate lacks the error: {hmp!r}")
         # Still serving, and a good migration works on the same daemon.
         check(self.dst.qmp.cmd("query-status")["status"] == "inmigrate")
         _, name_src, name_dst, _ = self.imgs[0]
@@ -88,6 +90,14 @@ case("wrong_version", False, 1, lambda p: connect(p, wire.header(version=2) + wi
      "SaveVM v2 format is obsolete")
 case("machine_mismatch", False, 1, lambda p: connect(p, wire.header() + wire.config("pc")),
      "Machine type received is 'pc' and local is 'none'")
+# Names off the wire that are not UTF-8 must not reach a reply raw.
+case("machine_not_utf8", False, 1,
+     lambda p: connect(p, wire.header() + b"\x07" + wire.be32(3) + b"\xff\xfe\x01"),
+     "Machine type received is '\\xff\\xfe\\x01' and local is 'none'")
+case("ramblock_not_utf8", False, 1,
+     lambda p: connect(p, wire.header() + wire.config() + wire.start() + wire.be64(SIZE | 4) +
+                       b"\x03\xc3\x28\x80" + wire.be64(SIZE)),
+     'Unknown ramblock "\\xc3(\\x80"')
 case("unknown_section", False, 1,
      lambda p: connect(p, wire.header() + wire.config() + wire.start("nosuch")),
      "Unknown savevm section or instance 'nosuch' 0")

@@ -11,12 +11,52 @@ TEST_CASE("JSON splitter: objects by brackets, scalars by newline", "[monitor]")
     JsonSplitter s;
     auto a = s.feed("{\"execute\": \"x\"}{\"a\": \"}\"}", 27);
     REQUIRE(a.size() == 2);
-    CHECK(a[1] == "{\"a\": \"}\"}");
+    CHECK(a[1].text == "{\"a\": \"}\"}");
     CHECK(s.feed("{\"unterminated\": ", 17).empty());
     CHECK(s.pending() > 0);
     auto b = s.feed("1}\n42\n", 6);
     REQUIRE(b.size() == 2);
-    CHECK(b[1] == "42");
+    CHECK(b[1].text == "42");
+}
+
+TEST_CASE("JSON splitter: QEMU's nesting, size and token limits, then recovery", "[monitor]")
+{
+    JsonSplitter s(4096);
+    // 1024 levels pass, 1025 do not; the deep text is eaten, not buffered.
+    std::string ok = std::string(1024, '[') + std::string(1024, ']');
+    auto a = s.feed(ok.data(), ok.size());
+    REQUIRE(a.size() == 1);
+    CHECK(a[0].error.empty());
+    std::string deep = std::string(200000, '[');
+    auto b = s.feed(deep.data(), deep.size());
+    REQUIRE(b.size() == 1);
+    CHECK(b[0].error == "JSON nesting depth limit exceeded");
+    CHECK(s.pending() == 0);
+    std::string close = std::string(200000, ']') + "{\"execute\":\"x\"}";
+    auto c = s.feed(close.data(), close.size());
+    REQUIRE(c.size() == 1);
+    CHECK(c[0].text == "{\"execute\":\"x\"}");
+    // Size: over the limit is one error; a newline ends a broken scalar.
+    std::string big = "{\"a\":\"" + std::string(5000, 'x') + "\"}";
+    auto d = s.feed(big.data(), big.size());
+    REQUIRE(d.size() == 1);
+    CHECK(d[0].error == "JSON token size limit exceeded");
+    CHECK(s.pending() == 0);
+    auto e = s.feed("{}\n", 3);
+    REQUIRE(e.size() == 1);
+    CHECK(e[0].text == "{}");
+}
+
+TEST_CASE("JSON splitter: token count limit", "[monitor]")
+{
+    JsonSplitter s;
+    std::string many = "[";
+    for (size_t i = 0; i < JsonSplitter::kMaxTokenCount / 2 + 10; i++) {
+        many += "1,";
+    }
+    auto a = s.feed(many.data(), many.size());
+    REQUIRE(a.size() == 1);
+    CHECK(a[0].error == "JSON token count limit exceeded");
 }
 
 TEST_CASE("parameters: QEMU's types, ranges and texts; all or nothing", "[monitor]")
