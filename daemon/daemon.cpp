@@ -292,6 +292,27 @@ void Daemon::shutdown()
 
 Status Daemon::run()
 {
+    Status st = start();
+    if (!st) {
+        // Close what start() opened, so ~Daemon's uv_run() returns.
+        incoming_.reset();
+        outgoing_.reset();
+        if (qmp_) {
+            qmp_->close();
+        }
+        if (dispatcher_) {
+            dispatcher_->close();
+        }
+        return st;
+    }
+    spdlog::info("qmigd {} ready, QMP on {}",
+                 opts_.role == Role::Source ? "source" : "destination", opts_.qmp_path);
+    uv_run(&loop_, UV_RUN_DEFAULT);
+    return {};
+}
+
+Status Daemon::start()
+{
     auto blocks = ram_blocks_open(opts_.ram_specs, opts_.role == Role::Source, opts_.page_path);
     QMIGD_TRY(blocks);
     blocks_ = std::move(*blocks);
@@ -304,7 +325,7 @@ Status Daemon::run()
         const RamImage &first = *blocks_.front().image;
         std::string ctl = opts_.control_path.empty()
                               ? side_file_path(first.path(), first.backing(), ".ctl")
-                                                     : opts_.control_path;
+                              : opts_.control_path;
         auto gc = GuestControl::open(ctl);
         QMIGD_TRY(gc);
         guest_ = std::move(*gc);
@@ -326,9 +347,6 @@ Status Daemon::run()
     auto on_signal = [](uv_signal_t *h, int) { static_cast<Daemon *>(h->data)->shutdown(); };
     uv_signal_start(&sigint_, on_signal, SIGINT);
     uv_signal_start(&sigterm_, on_signal, SIGTERM);
-    spdlog::info("qmigd {} ready, QMP on {}",
-                 opts_.role == Role::Source ? "source" : "destination", opts_.qmp_path);
-    uv_run(&loop_, UV_RUN_DEFAULT);
     return {};
 }
 

@@ -33,12 +33,14 @@ struct DaemonOptions {
 class Daemon {
 public:
     explicit Daemon(DaemonOptions opts);
+    // Opens the RAM blocks and the monitor, then serves until quit.
     ~Daemon();
 
     // Opens RAM, starts the monitor; then runs the loop until quit.
     Status run();
 
 private:
+    Status start();
     void register_commands();
     void register_migration_commands();
     void register_vm_commands();

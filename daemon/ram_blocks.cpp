@@ -1,5 +1,7 @@
 #include "daemon/ram_blocks.h"
 
+#include <cctype>
+#include <cerrno>
 #include <sstream>
 
 #include <spdlog/spdlog.h>
@@ -8,20 +10,27 @@ namespace qmigd {
 
 bool parse_size(const std::string &text, uint64_t *out)
 {
+    if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) {
+        return false; // no sign, no blanks
+    }
     char *end = nullptr;
+    errno = 0;
     unsigned long long v = std::strtoull(text.c_str(), &end, 10);
-    if (end == text.c_str()) {
+    if (errno == ERANGE) {
         return false;
     }
     std::string suffix(end);
-    unsigned shift = suffix.empty() ? 0
-                     : suffix == "K" || suffix == "k" ? 10
-                     : suffix == "M" || suffix == "m" ? 20
-                     : suffix == "G" || suffix == "g" ? 30
-                     : suffix == "T" || suffix == "t" ? 40
-                                                      : 99;
-    if (shift == 99) {
-        return false;
+    static const std::string units = "bkmgtpe";
+    unsigned shift = 0;
+    if (!suffix.empty()) {
+        size_t u = units.find(char(std::tolower(static_cast<unsigned char>(suffix[0]))));
+        if (suffix.size() != 1 || u == std::string::npos) {
+            return false;
+        }
+        shift = unsigned(u) * 10;
+    }
+    if (shift && uint64_t(v) > (UINT64_MAX >> shift)) {
+        return false; // 16777216T: wraps in 64 bits
     }
     *out = uint64_t(v) << shift;
     return true;
@@ -45,7 +54,7 @@ Result<RamBlockSpec> ram_block_spec_parse(const std::string &text)
             first = false;
         } else if (key == "size") {
             if (!parse_size(val, &spec.size)) {
-                return Error("--ram '" + text + "': bad size '" + val + "'");
+                return Error("--ram '" + text + "': Parameter 'size' expects a size value");
             }
         } else if (key == "dirty") {
             spec.dirty_path = val;

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <sys/time.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "monitor/json_splitter.h"
@@ -80,6 +82,9 @@ std::vector<std::string> QmpServer::command_names() const
 
 Status QmpServer::listen(const std::string &path)
 {
+    if (path.size() >= sizeof(sockaddr_un::sun_path)) {
+        return Error(fmt::format("UNIX socket path '{}' is too long", path));
+    }
     path_ = path;
     ::unlink(path.c_str());
     listener_ = new uv_pipe_t;
@@ -90,6 +95,9 @@ Status QmpServer::listen(const std::string &path)
         rc = uv_listen(reinterpret_cast<uv_stream_t *>(listener_), 16, on_connection);
     }
     if (rc != 0) {
+        uv_close(reinterpret_cast<uv_handle_t *>(listener_),
+                 [](uv_handle_t *h) { delete reinterpret_cast<uv_pipe_t *>(h); });
+        listener_ = nullptr;
         return Error("cannot listen on QMP socket '" + path + "': " + uv_strerror(rc));
     }
     return {};

@@ -224,5 +224,149 @@ def test_incoming_on_all_interfaces():
         check(files_equal(imgs[0][1], imgs[0][2]), "images differ")
 
 
+# --- the switchover: the guest, the run state, the status order ---------
+
+class GuestRun:
+    """A qmigd source with a `qmigd guest` writing its RAM, a qmigd
+    destination, events on; `frozen` SIGSTOPs the guest so it never
+    acknowledges a pause."""
+
+    def __init__(self, imgs, s, d, frozen=False, bandwidth=0):
+        from runner import Guest
+        self.imgs, self.src, self.dst = imgs, s, d
+        self.guest = Guest(imgs[0][1], rate=2000, pattern="hot", hot_set=4 * MiB)
+        if frozen:
+            self.guest.proc.send_signal(signal.SIGSTOP)
+        for side in (s, d):
+            side.qmp.cmd("migrate-set-capabilities",
+                         capabilities=[{"capability": "events", "state": True}])
+        s.qmp.cmd("migrate-set-parameters", {"max-bandwidth": bandwidth})
+        self.port = start_incoming(d)
+
+    def migrate(self):
+        self.src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{self.port}")
+
+    def statuses(self):
+        return [e["data"]["status"] for e in self.src.qmp.poll_events(0.3)
+                if e["event"] == "MIGRATION"]
+
+    def close(self):
+        self.guest.proc.send_signal(signal.SIGCONT)
+        self.guest.stop()
+
+
+@test
+def test_guest_that_never_pauses_is_left_running():
+    with images(SIZE, "mixed") as imgs, peers("qmigd", "qmigd", imgs) as (s, d):
+        g = GuestRun(imgs, s, d, frozen=True)
+        try:
+            g.migrate()
+            info = wait_status(s, ("failed",), timeout=30, fail_on=("completed",))
+            check("did not acknowledge the pause" in info.get("error-desc", ""), info)
+            check(s.qmp.cmd("query-status")["status"] == "running")
+            check(g.guest.record()[0] == 0, f"pause still requested: {g.guest.record()}")
+        finally:
+            g.close()
+
+
+@test
+def test_cancel_while_waiting_for_the_pause():
+    """migrate_cancel interrupts the wait for the guest's pause; the status
+    only moves forward (no device, STOP or RESUME after cancelling) and the
+    guest runs again."""
+    with images(SIZE, "mixed") as imgs, peers("qmigd", "qmigd", imgs) as (s, d):
+        g = GuestRun(imgs, s, d, frozen=True)
+        try:
+            g.migrate()
+            wait_status(s, ("active",), timeout=10)
+            time.sleep(1.0)  # all sent; waiting for the frozen guest
+            t0 = time.monotonic()
+            s.qmp.cmd("migrate_cancel")
+            g.guest.proc.send_signal(signal.SIGCONT)  # it would pause now
+            wait_status(s, ("cancelled",), timeout=10, fail_on=("failed", "completed"))
+            check(time.monotonic() - t0 < 2, "cancel waited for the pause timeout")
+            events = s.qmp.poll_events(0.5)
+            seq = [e["data"]["status"] for e in events if e["event"] == "MIGRATION"]
+            check(seq[-2:] == ["cancelling", "cancelled"] and "device" not in seq, seq)
+            check(not any(e["event"] in ("STOP", "RESUME") for e in events), events)
+            check(s.qmp.cmd("query-status")["status"] == "running")
+            time.sleep(0.3)
+            check(g.guest.record()[0] == 0, f"pause still requested: {g.guest.record()}")
+            w = g.guest.pages_written()
+            time.sleep(0.3)
+            check(g.guest.pages_written() > w, "guest no longer writes")
+        finally:
+            g.close()
+
+
+def switchover_state(before, during, bandwidth):
+    """The run state the destination starts in follows the source's run
+    state at switchover, not at `migrate`."""
+    with images(SIZE, "mixed") as imgs, peers("qmigd", "qmigd", imgs) as (s, d):
+        g = GuestRun(imgs, s, d, bandwidth=bandwidth)
+        try:
+            if before:
+                s.qmp.cmd(before)
+            g.migrate()
+            wait_status(s, ("active",), timeout=10)
+            s.qmp.cmd(during)
+            wait_status(s, ("completed",), timeout=60)
+            wait_status(d, ("completed",), timeout=30)
+            return d.qmp.cmd("query-status")["status"]
+        finally:
+            g.close()
+
+
+@test
+def test_stop_during_migration_keeps_destination_paused():
+    st = switchover_state(None, "stop", 4 * MiB)  # the paused guest lets it converge
+    check(st == "paused", f"destination is {st}")
+
+
+@test
+def test_cont_during_migration_starts_destination():
+    st = switchover_state("stop", "cont", 16 * MiB)  # beats the guest's 8 MiB/s
+    check(st == "running", f"destination is {st}")
+
+
+# --- options and monitor values QEMU refuses ------------------------------
+
+@test
+def test_size_that_wraps_is_refused():
+    img = f"/dev/shm/{unique_name('wrap')}.ram"
+    r = subprocess.run([QMIGD, "dest", "--qmp", f"/tmp/{unique_name('wrap')}.qmp",
+                        "--ram", f"mem={img},size=16777216T"], capture_output=True, text=True,
+                       timeout=30)
+    check(r.returncode != 0 and "Parameter 'size' expects a size value" in r.stderr, r)
+    check(not os.path.exists(img), "an image was created")
+
+
+@test
+def test_qmp_path_too_long():
+    path = "/tmp/" + "q" * 120
+    img = f"/dev/shm/{unique_name('long')}.ram"
+    try:
+        r = subprocess.run([QMIGD, "dest", "--qmp", path, "--ram", f"mem={img},size=1M"],
+                           capture_output=True, text=True, timeout=30)
+        check(r.returncode != 0 and f"UNIX socket path '{path}' is too long" in r.stderr, r)
+    finally:
+        remove(img)
+
+
+@test
+def test_smaller_image_is_refused_not_grown():
+    img = f"/dev/shm/{unique_name('small')}.ram"
+    try:
+        with open(img, "wb") as f:
+            f.write(b"\x5a" * (1 << 20))
+        r = subprocess.run([QMIGD, "source", "--qmp", f"/tmp/{unique_name('small')}.qmp",
+                            "--ram", f"mem={img},size=2M"], capture_output=True, text=True,
+                           timeout=30)
+        check(r.returncode != 0 and "is too small for 'size' option 0x200000" in r.stderr, r)
+        check(os.path.getsize(img) == 1 << 20, "the guest's file was resized")
+    finally:
+        remove(img)
+
+
 if __name__ == "__main__":
     main()

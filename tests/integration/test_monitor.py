@@ -75,6 +75,38 @@ SCRIPT = [
     ('{"execute": "query-status"}', "value"),
 ]
 
+# Every integer parameter at the edges of QEMU 10's ranges and widths:
+# same acceptance, same error text (then back to the default).
+INT_PARAMS = {
+    "announce-initial": 50, "announce-max": 550, "announce-rounds": 5, "announce-step": 100,
+    "avail-switchover-bandwidth": 0, "cpu-throttle-increment": 10, "cpu-throttle-initial": 20,
+    "downtime-limit": 300, "max-bandwidth": 134217728, "max-cpu-throttle": 99,
+    "max-postcopy-bandwidth": 0, "multifd-channels": 2, "multifd-qatzip-level": 1,
+    "multifd-zlib-level": 1, "multifd-zstd-level": 1, "throttle-trigger-threshold": 50,
+    "vcpu-dirty-limit": 1, "x-checkpoint-delay": 20000, "x-vcpu-dirty-limit-period": 1000,
+    "xbzrle-cache-size": 67108864,
+}
+EDGES = (0, 1, 9, 10, 19, 20, 21, 99, 100, 101, 255, 256, 1000, 1001, 4095, 4096, 6000, 10000,
+         10001, 100000, 100001, 2000000, 2000001, 4294967295, 4294967296, 2**63, 2**64 - 1, -1,
+         -5, 1.5, "7", True, None)
+for _name, _default in INT_PARAMS.items():
+    for _v in EDGES:
+        SCRIPT.append((json.dumps({"execute": "migrate-set-parameters",
+                                   "arguments": {_name: _v}}), "desc"))
+        SCRIPT.append((json.dumps({"execute": "migrate-set-parameters",
+                                   "arguments": {_name: _default}}), "value"))
+SCRIPT.append(('{"execute": "query-migrate-parameters"}', "value"))
+# HMP: sizes for max-bandwidth (default unit MiB) and integers elsewhere.
+for _v in ("inf", "nan", "1e30", "18446744073709551615", "9223372036854775807",
+           "8796093022207", "8796093022208", "-1", "1.5", "0x10", "1k", "1Kb", "1e3", "1E",
+           "8191P", "0", "abc", "", "100"):
+    SCRIPT.append((json.dumps({"execute": "human-monitor-command", "arguments": {
+        "command-line": f"migrate_set_parameter max-bandwidth {_v}"}}), "value"))
+for _v in ("0", "101", "-5", "abc", "0x20", "50"):
+    SCRIPT.append((json.dumps({"execute": "human-monitor-command", "arguments": {
+        "command-line": f"migrate_set_parameter throttle-trigger-threshold {_v}"}}), "value"))
+SCRIPT.append(('{"execute": "query-migrate-parameters"}', "value"))
+
 DEST_SCRIPT = [
     ('{"execute": "query-status"}', "value"),
     ('{"execute": "migrate", "arguments": {"uri": "tcp:127.0.0.1:1"}}', "desc"),
