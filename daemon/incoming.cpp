@@ -231,7 +231,8 @@ void IncomingMigration::abort_with(const Error &err)
 // Receives a packet's page data into the image (straight into the
 // mapping, or through `buf` and pwrite: the image's page path), and makes
 // its zero pages zero.
-static Status receive_packet(int fd, RamImage &img, const MultiFDPacket &p, uint8_t *buf)
+static Status receive_packet(ChannelReader &in, RamImage &img, const MultiFDPacket &p,
+                             uint8_t *buf)
 {
     for (uint32_t i = 0; i < p.zero_pages; i++) {
         QMIGD_TRY(img.zero_page(p.offsets[p.normal_pages + i]));
@@ -242,18 +243,18 @@ static Status receive_packet(int fd, RamImage &img, const MultiFDPacket &p, uint
     struct iovec iov[MULTIFD_PACKET_PAGES];
     int niov = 0;
     QMIGD_TRY(img.prepare_pages(p.offsets.data(), p.normal_pages, buf, iov, &niov));
-    QMIGD_TRY(readv_full(fd, iov, niov));
+    QMIGD_TRY(in.readv(iov, niov));
     return img.commit_pages(p.offsets.data(), p.normal_pages, buf);
 }
 
 void IncomingMigration::recv_thread_main(size_t id)
 {
-    const int fd = multifd_[id]->fd;
+    ChannelReader in(multifd_[id]->fd);
     uint8_t header[MULTIFD_PACKET_HEADER_SIZE];
     // Page data lands here on the File path: a reused, already-mapped buffer.
     std::unique_ptr<uint8_t[]> buf(new uint8_t[MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE]);
     for (;;) {
-        auto got = read_full(fd, header, sizeof(header));
+        auto got = in.read(header, sizeof(header));
         if (!got || *got == 0) {
             if (!got && !loading_done_) {
                 abort_with(Error(got.error()).prepend(fmt::format("multifd channel {}: ", id)));
@@ -263,7 +264,7 @@ void IncomingMigration::recv_thread_main(size_t id)
         auto p = multifd_packet_decode(header, load_cfg_.blocks);
         Status st = p.status();
         if (st) {
-            st = receive_packet(fd, *blocks_[p->block].image, *p, buf.get());
+            st = receive_packet(in, *blocks_[p->block].image, *p, buf.get());
         }
         if (!st) {
             abort_with(Error(st.error()).prepend(fmt::format("multifd channel {}: ", id)));

@@ -79,15 +79,17 @@ void MultiFDSend::shutdown()
 
 Status MultiFDSend::queue_page(size_t block, uint64_t offset)
 {
-    if (pending_->num > 0 && pending_->block != block) {
-        QMIGD_TRY(send_pending()); // swaps pending_ with an idle channel's buffer
+    MultiFDJob &job = *pending_;
+    MultiFDPages *p = job.count ? &job.packets[job.count - 1] : nullptr;
+    if (!p || p->num == MULTIFD_PACKET_PAGES || p->block != block) {
+        if (job.count == MultiFDJob::kPackets) {
+            QMIGD_TRY(send_pending()); // swaps pending_ with an idle channel's job
+        }
+        p = &pending_->packets[pending_->count++];
+        p->block = block;
+        p->num = 0;
     }
-    MultiFDPages &p = *pending_;
-    p.block = block;
-    p.offset[p.num++] = offset;
-    if (p.num == MULTIFD_PACKET_PAGES) {
-        return send_pending();
-    }
+    p->offset[p->num++] = offset;
     return {};
 }
 
@@ -114,8 +116,8 @@ Status MultiFDSend::send_pending()
         return error_ ? *error_ : Error("multifd: channels shut down");
     }
     next_channel_ = (target->id + 1) % channels_.size();
-    std::swap(target->pages, pending_);
-    pending_->num = 0;
+    std::swap(target->job, pending_);
+    pending_->count = 0;
     target->pending_job = true;
     target->cv.notify_one();
     return {};
@@ -123,7 +125,7 @@ Status MultiFDSend::send_pending()
 
 Status MultiFDSend::sync()
 {
-    if (pending_->num > 0) {
+    if (pending_->count > 0) {
         QMIGD_TRY(send_pending());
     }
     std::unique_lock<std::mutex> lk(mu_);
@@ -209,7 +211,9 @@ void MultiFDSend::channel_main(Channel &ch)
         }
         if (ch.pending_job) {
             lk.unlock();
-            st = send_packet(ch, ch.pages.get(), 0);
+            for (uint32_t i = 0; i < ch.job->count && st; i++) {
+                st = send_packet(ch, &ch.job->packets[i], 0);
+            }
             lk.lock();
             ch.pending_job = false;
         } else {

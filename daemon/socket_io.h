@@ -7,6 +7,7 @@
 // into the mapped image.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -28,6 +29,32 @@ private:
     int fd_;
     std::vector<uint8_t> prefix_;
     size_t prefix_pos_ = 0;
+};
+
+// A multifd channel's receive side: small reads (packet headers) come out
+// of a buffer filled by large reads, so a run of header-only packets costs
+// one system call and one wake-up, not one each; page data goes straight
+// to its destination once the buffer is drained. One thread only.
+class ChannelReader {
+public:
+    explicit ChannelReader(int fd, size_t capacity = 256 * 1024)
+        : fd_(fd), buf_(new uint8_t[capacity]), cap_(capacity)
+    {
+    }
+    // Exactly n bytes. Returns 1, 0 on EOF before the first byte, or an
+    // error (EOF in the middle is an error).
+    Result<int> read(void *dst, size_t n);
+    // Fills the whole iovec array (modifies it); EOF is an error.
+    Status readv(struct iovec *iov, int count);
+
+private:
+    // Moves buffered bytes into the iovecs; returns how many were used up.
+    void drain(struct iovec *&iov, int &count);
+
+    int fd_;
+    std::unique_ptr<uint8_t[]> buf_;
+    size_t cap_;
+    size_t head_ = 0, tail_ = 0; // buffered bytes are buf_[head_, tail_)
 };
 
 // Reads exactly n bytes. Returns 1, 0 on EOF before the first byte, or
