@@ -14,29 +14,57 @@ namespace qmigd {
 
 namespace {
 
-// The destination's side of the loader: pages go straight into the images.
+// The destination's side of the loader: pages go into the images. Pages
+// of the main channel come one at a time; consecutive ones are gathered and
+// stored with one write (a pwrite, or one pre-fault on the mapped path).
+// The run is stored before anything that could touch the same pages: a zero
+// page, a MULTIFD_FLUSH (after which channels may rewrite them), the end.
 class ImageLoadHandler : public LoadvmHandler {
 public:
+    static constexpr uint32_t kRunPages = 64;
+
     ImageLoadHandler(std::vector<RAMBlock> &blocks, MultifdRecvSync *sync)
-        : blocks_(blocks), sync_(sync)
+        : blocks_(blocks), sync_(sync), run_(new uint8_t[kRunPages * TARGET_PAGE_SIZE])
     {
     }
     Status put_page(size_t block, uint64_t offset, const uint8_t *data) override
     {
-        return blocks_[block].image->write(offset, data, TARGET_PAGE_SIZE);
+        bool extends = run_pages_ && block == run_block_ &&
+                       offset == run_offset_ + run_pages_ * TARGET_PAGE_SIZE;
+        if (!extends || run_pages_ == kRunPages) {
+            QMIGD_TRY(flush());
+            run_block_ = block;
+            run_offset_ = offset;
+        }
+        std::memcpy(run_.get() + size_t(run_pages_++) * TARGET_PAGE_SIZE, data, TARGET_PAGE_SIZE);
+        return {};
     }
     Status zero_page(size_t block, uint64_t offset) override
     {
+        QMIGD_TRY(flush());
         return blocks_[block].image->zero_page(offset);
     }
     Status multifd_flush() override
     {
+        QMIGD_TRY(flush());
         return sync_ ? sync_->main_flush() : Status(Error("multifd is not enabled"));
+    }
+    Status flush()
+    {
+        uint32_t n = run_pages_;
+        run_pages_ = 0;
+        return n ? blocks_[run_block_].image->write(run_offset_, run_.get(),
+                                                    size_t(n) * TARGET_PAGE_SIZE)
+                 : Status();
     }
 
 private:
     std::vector<RAMBlock> &blocks_;
     MultifdRecvSync *sync_;
+    std::unique_ptr<uint8_t[]> run_;
+    size_t run_block_ = 0;
+    uint64_t run_offset_ = 0;
+    uint32_t run_pages_ = 0;
 };
 
 } // namespace
@@ -289,6 +317,11 @@ void IncomingMigration::load_thread_main()
     QEMUFileReader f(in, 256 * 1024);
     ImageLoadHandler handler(blocks_, sync_.get());
     auto result = qemu_loadvm_state(f, load_cfg_, handler);
+    if (result) {
+        if (Status st = handler.flush(); !st) {
+            result = st.error();
+        }
+    }
     bytes_.fetch_add(f.pos(), std::memory_order_relaxed);
     if (result) {
         normal_pages_.fetch_add(result->normal_pages);

@@ -8,6 +8,7 @@
 
 #include "daemon/daemon.h"
 #include "daemon/guest.h"
+#include "daemon/limits.h"
 
 using namespace qmigd;
 
@@ -58,7 +59,15 @@ int main(int argc, char **argv)
     guest->add_option("--duration", g.duration, "seconds to run (default: until signalled)");
     guest->add_option("--control", g.control_path, "guest control record");
     guest->add_option("--log-level", g_level, "log level");
+    std::string limits_dir = "/dev/shm";
+    auto *limits = app.add_subcommand("limits", "measure this machine's migration limits (JSON)");
+    limits->add_option("--dir", limits_dir, "a directory on the guest RAM's file system");
     CLI11_PARSE(app, argc, argv);
+
+    if (limits->parsed()) {
+        std::printf("%s\n", measure_limits(limits_dir).dump(2).c_str());
+        return 0;
+    }
 
     if (guest->parsed()) {
         g.pattern = g_pattern == "hot" ? GuestPattern::Hot

@@ -25,7 +25,10 @@ bool QEMUFileReader::fill(size_t need)
     if (err_) {
         return false;
     }
-    if (head_ > 0 && cap_ - head_ < need) {
+    // Keep room for a large read: the stream reaches us a socket read at a
+    // time, and a read into a sliver at the end of the buffer would turn one
+    // page into several system calls.
+    if (head_ > 0 && (cap_ - head_ < need || cap_ - tail_ < cap_ / 4)) {
         std::memmove(buf_.get(), buf_.get() + head_, tail_ - head_);
         tail_ -= head_;
         head_ = 0;
@@ -52,10 +55,13 @@ bool QEMUFileReader::fill(size_t need)
 void QEMUFileReader::get_buffer(void *dst, size_t n)
 {
     auto *out = static_cast<uint8_t *>(dst);
-    size_t have = std::min(n, tail_ - head_);
     if (err_) {
         return;
     }
+    if (n <= cap_ / 4 && tail_ - head_ < n) {
+        fill(n); // small: through the buffer, one large read
+    }
+    size_t have = std::min(n, tail_ - head_);
     std::memcpy(out, buf_.get() + head_, have);
     head_ += have;
     pos_ += have;

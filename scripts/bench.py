@@ -1,18 +1,43 @@
 #!/usr/bin/env python3
-"""Side-by-side benchmark: the same RAM image migrated QEMU 10 -> QEMU 10
-and qmigd -> qmigd (optionally the mixed pairs), unlimited bandwidth.
-Reports wall time, CPU seconds of both processes, and ratios to QEMU.
+"""Side-by-side migration benchmark: the same RAM image migrated QEMU 10 ->
+QEMU 10, qmigd -> qmigd, QEMU -> qmigd and qmigd -> QEMU, interleaved, on the
+same machine, unlimited bandwidth. Reports medians of wall time (migrate until
+both sides completed), CPU seconds of both processes, peak memory (RSS and
+private/anonymous) of each, ratios to QEMU -> QEMU, and the share of this
+machine's limits (`qmigd limits`) that qmigd -> qmigd reached.
 
-  scripts/bench.py [--size 4G] [--channels 4] [--zpd multifd] [--content mixed]
-                   [--repeat 3] [--pairs qemu:qemu,qmigd:qmigd,qemu:qmigd,qmigd:qemu]
+  scripts/bench.py                       # one cell: 4G mixed, 4 channels, zpd multifd
+  scripts/bench.py --grid                # the whole grid of the speed issue
+  scripts/bench.py --content zero,random --channels 0,4 --zpd legacy,multifd
+  scripts/bench.py --backing thp --size 2G --limits --out results.md --plot results.png
+
+Backings: shm (/dev/shm, 4 KiB pages), thp (a huge=always tmpfs it mounts),
+hugetlbfs (it mounts one and sets vm.nr_hugepages, restoring both after).
 """
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
+import threading
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
-from runner import Peer, make_image, migrate, files_equal, remove, unique_name  # noqa: E402
+from runner import Peer, make_image, migrate, files_equal, remove, unique_name, QMIGD  # noqa: E402
+from backing import backing_dir, Unavailable  # noqa: E402
+
+PAIRS = [("qemu", "qemu"), ("qmigd", "qmigd"), ("qemu", "qmigd"), ("qmigd", "qemu")]
+NAMES = {"qemu": "QEMU", "qmigd": "qmigd"}
+GRID_4K = dict(backing=["shm"], size="4G", content=["zero", "random", "mixed", "text"],
+               channels=[0, 1, 2, 4, 8], zpd=["none", "legacy", "multifd"])
+GRID_HUGE = dict(backing=["thp", "hugetlbfs"], size="2G", content=["zero", "random", "mixed"],
+                 channels=[4], zpd=["multifd"])
+
+
+def parse_size(text):
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * mult[text[-1]] if text[-1] in mult else int(text)
 
 
 def cpu_seconds(pid):
@@ -21,22 +46,58 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def parse_size(text):
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * mult[text[-1]] if text[-1] in mult else int(text)
+def status_kib(pid, key):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
 
 
-def one_run(src_kind, dst_kind, src_img, size, args):
-    dst_img = f"/dev/shm/{unique_name('bench-dst')}.ram"
+class MemorySampler:
+    """Peak private (anonymous) memory of some processes, sampled every 20 ms;
+    peak RSS comes from the kernel's VmHWM at the end."""
+
+    def __init__(self, pids):
+        self.pids, self.anon = pids, {p: 0 for p in pids}
+        self.stop = False
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop:
+            for p in self.pids:
+                try:
+                    self.anon[p] = max(self.anon[p], status_kib(p, "RssAnon"))
+                except OSError:
+                    pass
+            time.sleep(0.02)
+
+    def finish(self):
+        self.stop = True
+        self.thread.join()
+        return {p: (status_kib(p, "VmHWM"), self.anon[p]) for p in self.pids}
+
+
+def one_run(pair, src_img, size, cell, verify):
+    """One migration; returns a dict of measurements."""
+    backing, content, channels, zpd = cell
+    dst_img = os.path.join(os.path.dirname(src_img), unique_name("bench-dst") + ".ram")
     src = dst = None
     try:
-        src = Peer(src_kind, "source", [("mem", src_img, size)], "bench-src")
-        dst = Peer(dst_kind, "dest", [("mem", dst_img, size)], "bench-dst")
-        c0 = cpu_seconds(src.proc.pid) + cpu_seconds(dst.proc.pid)
-        info, _, secs = migrate(src, dst, args.channels > 0, max(args.channels, 1), args.zpd)
-        cpu = cpu_seconds(src.proc.pid) + cpu_seconds(dst.proc.pid) - c0
-        ok = files_equal(src_img, dst_img)
-        return secs, cpu, info, ok
+        src = Peer(pair[0], "source", [("mem", src_img, size)], "bench-src")
+        dst = Peer(pair[1], "dest", [("mem", dst_img, size)], "bench-dst")
+        pids = (src.proc.pid, dst.proc.pid)
+        c0 = sum(cpu_seconds(p) for p in pids)
+        mem = MemorySampler(pids)
+        info, _, secs = migrate(src, dst, channels > 0, max(channels, 1), zpd)
+        cpu = sum(cpu_seconds(p) for p in pids) - c0
+        peaks = mem.finish()
+        ok = files_equal(src_img, dst_img) if verify else None
+        return {"secs": secs, "cpu": cpu, "ok": ok, "downtime": info.get("downtime"),
+                "normal": info["ram"]["normal"],
+                "src_rss": peaks[pids[0]][0], "src_anon": peaks[pids[0]][1],
+                "dst_rss": peaks[pids[1]][0], "dst_anon": peaks[pids[1]][1]}
     finally:
         for p in (src, dst):
             if p:
@@ -44,44 +105,176 @@ def one_run(src_kind, dst_kind, src_img, size, args):
         remove(dst_img)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--size", default="4G")
-    ap.add_argument("--channels", type=int, default=4, help="0 = multifd off")
-    ap.add_argument("--zpd", default="multifd")
-    ap.add_argument("--content", default="mixed")
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--pairs", default="qemu:qemu,qmigd:qmigd")
-    args = ap.parse_args()
-    size = parse_size(args.size)
-    pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
-    src_img = f"/dev/shm/{unique_name('bench-src')}.ram"
-    results = {}
+def measure_limits(directory):
+    out = subprocess.run([QMIGD, "limits", "--dir", directory], capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out)
+
+
+def median(runs, key):
+    return statistics.median(r[key] for r in runs)
+
+
+def cells_of(args):
+    for backing in args.backing:
+        for content in args.content:
+            for ch in args.channels:
+                for zpd in args.zpd:
+                    yield (backing, content, ch, zpd)
+
+
+def run_backing(backing, size, args, results, limits):
+    cells = [c for c in cells_of(args) if c[0] == backing]
+    if not cells:
+        return
     try:
-        make_image(src_img, size, args.content)
-        print(f"image {args.size} {args.content}, multifd channels {args.channels}, "
-              f"zero-page-detection {args.zpd}, unlimited bandwidth, {args.repeat} runs each")
-        for r in range(args.repeat):
-            for pair in pairs:  # interleaved, so both see the same machine state
-                secs, cpu, info, ok = one_run(pair[0], pair[1], src_img, size, args)
-                results.setdefault(pair, []).append((secs, cpu))
-                print(f"  run {r + 1} {pair[0]:>5} -> {pair[1]:<5} {secs:7.3f} s  cpu {cpu:7.3f} s  "
-                      f"downtime {info.get('downtime')} ms  identical {ok}", flush=True)
-                if not ok:
-                    sys.exit(1)
-        base = results.get(("qemu", "qemu"))
-        print("median:")
-        for pair, runs in results.items():
-            t = statistics.median(s for s, _ in runs)
-            c = statistics.median(c for _, c in runs)
-            line = f"  {pair[0]:>5} -> {pair[1]:<5} time {t:7.3f} s  cpu {c:7.3f} s"
-            if base:
-                bt = statistics.median(s for s, _ in base)
-                bc = statistics.median(c for _, c in base)
-                line += f"  time ratio {t / bt:5.2f}x  cpu ratio {c / bc:5.2f}x (vs QEMU->QEMU)"
-            print(line)
-    finally:
-        remove(src_img)
+        with backing_dir(backing, need=2 * size) as d:
+            if args.limits:
+                limits[backing] = measure_limits(d)
+                print(f"limits on {backing}: {json.dumps(limits[backing])}", flush=True)
+            for content in args.content:
+                mine = [c for c in cells if c[1] == content]
+                src_img = os.path.join(d, unique_name("bench-src") + ".ram")
+                try:
+                    make_image(src_img, size, content)
+                    for r in range(args.repeat):  # repeats outside: runs of a cell spread out
+                        for cell in mine:
+                            for pair in args.pairs:  # interleaved: same machine state
+                                run = one_run(pair, src_img, size, cell,
+                                              args.verify == "all" or r == 0)
+                                results.setdefault(cell, {}).setdefault(pair, []).append(run)
+                                print(f"  {fmt_cell(cell)} run {r + 1} {NAMES[pair[0]]:>5} -> "
+                                      f"{NAMES[pair[1]]:<5} {run['secs']:7.3f} s  cpu "
+                                      f"{run['cpu']:7.3f} s  identical {run['ok']}", flush=True)
+                                if run["ok"] is False:
+                                    sys.exit(f"images differ: {cell} {pair}")
+                finally:
+                    remove(src_img)
+    except Unavailable as why:
+        print(f"skipping {backing}: {why}", flush=True)
+
+
+def fmt_cell(cell):
+    backing, content, ch, zpd = cell
+    return f"{backing} {content} {'mf' + str(ch) if ch else 'plain'} {zpd}"
+
+
+def limit_share(cell, runs, size, limits):
+    """qmigd -> qmigd page data rate as a % of loopback TCP on this machine."""
+    lim = limits.get(cell[0])
+    if not lim or lim.get("tcp_loopback_gbps", 0) <= 0:
+        return ""
+    rate = median(runs, "normal") * 4096 / median(runs, "secs") / 1e9
+    return f"{100 * rate / lim['tcp_loopback_gbps']:.0f}%"
+
+
+def table(results, size, limits):
+    head = ("| cell | QEMU→QEMU s (CPU s) | qmigd→qmigd s (CPU s) | ratio time / CPU "
+            "| QEMU→qmigd s (ratio) | qmigd→QEMU s (ratio) | qmigd peak RSS / private MiB "
+            "(src, dst) | data rate % of loopback TCP |")
+    lines = [head, "|" + "---|" * 8]
+    for cell, per in results.items():
+        base = per.get(("qemu", "qemu"))
+        bt, bc = (median(base, "secs"), median(base, "cpu")) if base else (None, None)
+
+        def cellfmt(pair, with_cpu=False):
+            runs = per.get(pair)
+            if not runs:
+                return "—"
+            t, c = median(runs, "secs"), median(runs, "cpu")
+            s = f"{t:.2f} ({c:.2f})" if with_cpu else f"{t:.2f}"
+            if bt and not with_cpu and pair != ("qemu", "qemu"):
+                s += f" ({t / bt:.2f}x)"
+            return s
+        ours = per.get(("qmigd", "qmigd"))
+        ratio = (f"{median(ours, 'secs') / bt:.2f}x / {median(ours, 'cpu') / bc:.2f}x"
+                 if ours and bt else "—")
+        mem = (f"{median(ours, 'src_rss') >> 10} / {median(ours, 'src_anon') >> 10}, "
+               f"{median(ours, 'dst_rss') >> 10} / {median(ours, 'dst_anon') >> 10}"
+               if ours else "—")
+        lines.append(f"| {fmt_cell(cell)} | {cellfmt(('qemu', 'qemu'), True)} "
+                     f"| {cellfmt(('qmigd', 'qmigd'), True)} | {ratio} "
+                     f"| {cellfmt(('qemu', 'qmigd'))} | {cellfmt(('qmigd', 'qemu'))} | {mem} "
+                     f"| {limit_share(cell, ours, size, limits) if ours else ''} |")
+    return "\n".join(lines)
+
+
+def plot(results, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    cells = list(results)
+    fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(cells) + 3), 5.5))
+    width = 0.8 / len(PAIRS)
+    for k, pair in enumerate(PAIRS):
+        xs, ys = [], []
+        for i, cell in enumerate(cells):
+            runs = results[cell].get(pair)
+            if runs:
+                xs.append(i + (k - (len(PAIRS) - 1) / 2) * width)
+                ys.append(median(runs, "secs"))
+        if xs:
+            ax.bar(xs, ys, width, label=f"{NAMES[pair[0]]} → {NAMES[pair[1]]}")
+    ax.set_xticks(range(len(cells)))
+    ax.set_xticklabels([fmt_cell(c) for c in cells], rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel("migration time, s (median; lower is better)")
+    ax.set_yscale("log")
+    ax.set_title("QEMU 10 vs qmigd, same image, same machine")
+    ax.legend()
+    ax.grid(axis="y", which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--grid", action="store_true", help="the speed issue's whole grid")
+    ap.add_argument("--backing", default="shm", help="shm,thp,hugetlbfs (comma list)")
+    ap.add_argument("--size", default="4G")
+    ap.add_argument("--content", default="mixed", help="zero,random,mixed,text")
+    ap.add_argument("--channels", default="4", help="comma list; 0 = multifd off")
+    ap.add_argument("--zpd", default="multifd", help="none,legacy,multifd")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--pairs", default="qemu:qemu,qmigd:qmigd,qemu:qmigd,qmigd:qemu")
+    ap.add_argument("--verify", choices=["first", "all"], default="first",
+                    help="compare images after the first repeat only, or after every run")
+    ap.add_argument("--limits", action="store_true", help="measure this machine's limits")
+    ap.add_argument("--out", help="write the markdown table here")
+    ap.add_argument("--json", help="write all runs here")
+    ap.add_argument("--plot", help="write a PNG chart here")
+    args = ap.parse_args()
+    args.pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
+    groups = []
+    if args.grid:
+        groups = [GRID_4K, GRID_HUGE]
+    else:
+        groups = [dict(backing=args.backing.split(","), size=args.size,
+                       content=args.content.split(","),
+                       channels=[int(c) for c in args.channels.split(",")],
+                       zpd=args.zpd.split(","))]
+    results, limits = {}, {}
+    for g in groups:
+        for k, v in g.items():
+            setattr(args, k, v)
+        size = parse_size(args.size)
+        print(f"{args.size} images, {args.repeat} runs each, pairs interleaved", flush=True)
+        for backing in args.backing:
+            run_backing(backing, size, args, results, limits)
+    text = table(results, size, limits)
+    if limits:
+        text += "\n\nMachine limits (`qmigd limits`):\n\n```\n" + json.dumps(limits, indent=1) + "\n```\n"
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"limits": limits, "runs": [
+                {"cell": list(c), "pair": list(p), "runs": r}
+                for c, per in results.items() for p, r in per.items()]}, f, indent=1)
+    if args.plot:
+        plot(results, args.plot)
 
 
 if __name__ == "__main__":

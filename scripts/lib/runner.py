@@ -203,7 +203,7 @@ class _MappedWriter:
 
 
 def make_image(path, size, content, seed=1):
-    """Writes a RAM image: zero | random | mixed | garbage (all 0xAA-ish)."""
+    """Writes a RAM image: zero | random | mixed | text | garbage (all 0xAA)."""
     import random
     rng = random.Random(seed)
     pages = size // PAGE
@@ -221,6 +221,17 @@ def make_image(path, size, content, seed=1):
             return
         if content == "garbage":
             f.write(bytes([0xAA]) * size)
+            return
+        if content == "text":
+            # Pages of words, as a guest's page cache holds: no zero pages,
+            # no two pages alike (each starts with its number).
+            words = [w.encode() for w in ("migration", "page", "guest", "memory", "the",
+                                          "of", "channel", "dirty", "zero", "QEMU", "ram",
+                                          "block", "socket", "kernel", "file", "and")]
+            body = b" ".join(rng.choice(words) for _ in range(2 * PAGE))[:PAGE]
+            for i in range(pages):
+                stamp = b"%d " % i
+                f.write(stamp + body[len(stamp):])
             return
         assert content == "mixed"
         # Runs of zero pages, random pages, single-byte pages and 0xff pages.

@@ -1,0 +1,213 @@
+#include "daemon/limits.h"
+
+#include <arpa/inet.h>
+#include <chrono>
+#include <cstring>
+#include <fcntl.h>
+#include <memory>
+#include <netinet/in.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "protocol/qemu_format.h"
+#include "ramstate/backing.h"
+#include "ramstate/page_path.h"
+#include "ramstate/zero_page.h"
+
+namespace qmigd {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0)
+{
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double cpu_seconds()
+{
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+// An anonymous buffer, faulted in.
+std::unique_ptr<uint8_t[]> buffer(size_t bytes, int fill)
+{
+    std::unique_ptr<uint8_t[]> b(new uint8_t[bytes]);
+    std::memset(b.get(), fill, bytes);
+    return b;
+}
+
+double zero_scan_gbps(size_t bytes)
+{
+    auto b = buffer(bytes, 0);
+    size_t zero = 0;
+    auto t0 = Clock::now();
+    for (int rep = 0; rep < 3; rep++) {
+        for (size_t o = 0; o < bytes; o += TARGET_PAGE_SIZE) {
+            zero += buffer_is_zero_page(b.get() + o);
+        }
+    }
+    double s = seconds_since(t0);
+    return zero ? 3.0 * double(bytes) / s / 1e9 : 0;
+}
+
+double memcpy_gbps(size_t bytes)
+{
+    auto a = buffer(bytes, 1), b = buffer(bytes, 2);
+    auto t0 = Clock::now();
+    for (int rep = 0; rep < 3; rep++) {
+        std::memcpy(b.get(), a.get(), bytes);
+    }
+    double s = seconds_since(t0);
+    return b[bytes / 2] == 1 ? 3.0 * double(bytes) / s / 1e9 : 0;
+}
+
+struct ScratchFile {
+    std::string path;
+    int fd;
+    ScratchFile(const std::string &dir, size_t bytes)
+        : path(fmt::format("{}/.qmigd-limits-{}", dir, getpid())),
+          fd(::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600))
+    {
+        if (fd >= 0 && ftruncate(fd, off_t(bytes)) < 0) {
+            ::close(fd);
+            fd = -1;
+        }
+    }
+    ~ScratchFile()
+    {
+        if (fd >= 0) {
+            ::close(fd);
+        }
+        unlink(path.c_str());
+    }
+};
+
+// First write into each page of a fresh shared mapping of a fresh file:
+// what a receiver that writes through the mapping pays per page.
+double fault_ns_per_page(const std::string &dir, size_t bytes)
+{
+    ScratchFile f(dir, bytes);
+    if (f.fd < 0) {
+        return -1;
+    }
+    void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
+    if (p == MAP_FAILED) {
+        return -1;
+    }
+    auto *m = static_cast<uint8_t *>(p);
+    auto t0 = Clock::now();
+    for (size_t o = 0; o < bytes; o += TARGET_PAGE_SIZE) {
+        m[o] = 1;
+    }
+    double s = seconds_since(t0);
+    munmap(p, bytes);
+    return s * 1e9 / double(bytes / TARGET_PAGE_SIZE);
+}
+
+double pwrite_gbps(const std::string &dir, size_t bytes)
+{
+    ScratchFile f(dir, bytes);
+    auto src = buffer(512 * 1024, 3);
+    auto t0 = Clock::now();
+    for (size_t o = 0; f.fd >= 0 && o < bytes; o += 512 * 1024) {
+        if (pwrite(f.fd, src.get(), 512 * 1024, off_t(o)) != 512 * 1024) {
+            return -1;
+        }
+    }
+    return f.fd < 0 ? -1 : double(bytes) / seconds_since(t0) / 1e9;
+}
+
+// 4 streams over loopback, 1 MiB writes, `bytes` in all: GB/s, and CPU
+// seconds per GiB (sender and receiver are both in this process).
+std::pair<double, double> loopback_tcp(size_t bytes, int streams)
+{
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t alen = sizeof(a);
+    if (lfd < 0 || bind(lfd, reinterpret_cast<sockaddr *>(&a), sizeof(a)) < 0 ||
+        listen(lfd, streams) < 0 ||
+        getsockname(lfd, reinterpret_cast<sockaddr *>(&a), &alen) < 0) {
+        if (lfd >= 0) {
+            ::close(lfd);
+        }
+        return {-1, -1};
+    }
+    const size_t chunk = 1 << 20, per = bytes / size_t(streams);
+    std::vector<std::thread> threads;
+    double c0 = cpu_seconds();
+    auto t0 = Clock::now();
+    for (int i = 0; i < streams; i++) {
+        threads.emplace_back([&] {
+            int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            if (connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)) == 0) {
+                auto b = buffer(chunk, 7);
+                for (size_t sent = 0; sent < per;) {
+                    ssize_t n = write(fd, b.get(), chunk);
+                    if (n <= 0) {
+                        break;
+                    }
+                    sent += size_t(n);
+                }
+            }
+            ::close(fd);
+        });
+        int cfd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+        threads.emplace_back([cfd, chunk] {
+            auto b = buffer(chunk, 0);
+            while (read(cfd, b.get(), chunk) > 0) {
+            }
+            ::close(cfd);
+        });
+    }
+    for (auto &t : threads) {
+        t.join();
+    }
+    double s = seconds_since(t0), cpu = cpu_seconds() - c0;
+    ::close(lfd);
+    return {double(bytes) / s / 1e9, cpu / (double(bytes) / double(1 << 30))};
+}
+
+} // namespace
+
+nlohmann::json measure_limits(const std::string &dir)
+{
+    nlohmann::json j;
+    j["dir"] = dir;
+    ScratchFile probe(dir, 0);
+    Backing b;
+    if (probe.fd >= 0) {
+        if (auto r = backing_of(probe.fd, probe.path); r.ok()) {
+            b = *r;
+        }
+    }
+    j["backing"] = b.name();
+    j["zero_scan_gbps"] = zero_scan_gbps(256 << 20);
+    j["memcpy_gbps"] = memcpy_gbps(256 << 20);
+    j["fault_ns_per_page"] = fault_ns_per_page(dir, 64 << 20);
+    j["pwrite_gbps"] = b.can_pwrite() ? pwrite_gbps(dir, 256 << 20) : -1.0;
+    auto [tcp_gbps, tcp_cpu] = loopback_tcp(size_t(2) << 30, 4);
+    j["tcp_loopback_gbps"] = tcp_gbps;
+    j["tcp_cpu_s_per_gib"] = tcp_cpu;
+    PagePathCosts c = measure_page_paths(dir, b, 16 << 20);
+    j["page_path_ns"] = {{"pread", c.pread_ns},
+                         {"mapped_read", c.map_read_ns},
+                         {"pwrite", c.pwrite_ns},
+                         {"mapped_write", c.map_write_ns}};
+    j["cores"] = std::thread::hardware_concurrency();
+    return j;
+}
+
+} // namespace qmigd

@@ -1,0 +1,17 @@
+// `qmigd limits`: this machine's costs that bound a migration, measured in a
+// few seconds, so that a benchmark can state each result as a share of what
+// the machine can do (scripts/bench.py --limits).
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace qmigd {
+
+// Measures in `dir` (a file system like the guest's): zero scan, memcpy,
+// first write into a fresh shared mapping, pwrite into a fresh file, and
+// loopback TCP with 4 streams; plus the page-path costs of that directory.
+nlohmann::json measure_limits(const std::string &dir);
+
+} // namespace qmigd
