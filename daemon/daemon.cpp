@@ -111,6 +111,7 @@ QmpResult Daemon::cmd_migrate(const json &args)
     p.throttle_increment = config_.cpu_throttle_increment();
     p.max_throttle = config_.max_cpu_throttle();
     p.throttle_trigger_threshold = config_.parameters()["throttle-trigger-threshold"];
+    p.link_timeout_ms = opts_.link_timeout_ms;
     if (auto st = outgoing_->start(*addr, p); !st) {
         return qmp_error(st.error().message());
     }
@@ -131,6 +132,7 @@ QmpResult Daemon::start_incoming(const std::string &uri)
     p.channels = config_.multifd_channels();
     p.uuid = opts_.uuid;
     p.machine_type = opts_.machine_type;
+    p.link_timeout_ms = opts_.link_timeout_ms;
     runstate_ = "inmigrate";
     if (auto st = incoming_->start(*addr, p); !st) {
         return qmp_error(st.error().message());
@@ -169,6 +171,9 @@ void Daemon::register_migration_commands()
     q.register_command("migrate_cancel", none, [this](const json &) -> QmpResult {
         if (outgoing_) {
             outgoing_->cancel();
+        }
+        if (incoming_) {
+            incoming_->cancel();
         }
         return json::object();
     });

@@ -28,6 +28,9 @@ struct DaemonOptions {
     Uuid uuid{};
     std::string control_path; // source: guest control record (default IMAGE.ctl)
     PagePathMode page_path = PagePathMode::Auto;
+    // A channel whose peer acknowledges nothing for this long fails the
+    // migration (dead link); 0 waits as long as the kernel does.
+    unsigned link_timeout_ms = 30000;
 };
 
 class Daemon {

@@ -105,6 +105,7 @@ Status IncomingMigration::start(const TcpAddress &addr, const IncomingParams &pa
     thread_error_.reset();
     loading_done_ = false;
     normal_pages_ = zero_pages_ = bytes_ = 0;
+    cancel_requested_ = false;
     runstate_ = "inmigrate";
     for (auto &b : blocks_) {
         b.image->scan_holes();
@@ -117,6 +118,21 @@ Status IncomingMigration::start(const TcpAddress &addr, const IncomingParams &pa
                  listener_->port(), params.multifd ? "on" : "off", params.channels);
     set_status(MigrationStatus::Setup);
     return {};
+}
+
+void IncomingMigration::cancel()
+{
+    if (!migration_is_running(status_)) {
+        return;
+    }
+    cancel_requested_ = true;
+    spdlog::info("incoming migration: cancelled by migrate_cancel");
+    if (status_ == MigrationStatus::Active) {
+        abort_with(Error("migration cancelled")); // finish() reports it
+        return;
+    }
+    cleanup_channels(); // still listening: nothing else runs
+    set_status(MigrationStatus::Cancelled);
 }
 
 void IncomingMigration::fail_setup(const Error &err)
@@ -228,6 +244,10 @@ void IncomingMigration::maybe_start()
     load_cfg_ = LoadvmConfig{params_.machine_type, ram_block_descs(blocks_), params_.multifd,
                              params_.uuid};
     sync_ = params_.multifd ? std::make_unique<MultifdRecvSync>(multifd_.size()) : nullptr;
+    set_link_timeout(main_->fd, params_.link_timeout_ms);
+    for (const auto &ch : multifd_) {
+        set_link_timeout(ch->fd, params_.link_timeout_ms);
+    }
     set_status(MigrationStatus::Active);
     spdlog::info("incoming migration: main channel and {} multifd channels connected",
                  multifd_.size());
@@ -358,6 +378,10 @@ void IncomingMigration::finish(std::optional<Error> err, std::string runstate)
     }
     cleanup_channels();
     sync_.reset();
+    if (cancel_requested_) {
+        set_status(MigrationStatus::Cancelled);
+        return;
+    }
     if (err) {
         spdlog::error("incoming migration failed: {}", err->message());
         error_desc_ = err->message();

@@ -33,6 +33,7 @@ struct IncomingParams {
     unsigned channels = 0;
     Uuid uuid{};
     std::string machine_type = "none";
+    unsigned link_timeout_ms = 30000; // dead-link detection, 0 = never
 };
 
 class IncomingMigration {
@@ -45,6 +46,10 @@ public:
 
     // Loop thread. Starts listening (migrate-incoming).
     Status start(const TcpAddress &addr, const IncomingParams &params);
+    // Loop thread. migrate_cancel on the destination (QEMU ignores it): ends
+    // the incoming migration, listening or loading, as `cancelled`; a new
+    // migrate-incoming may follow.
+    void cancel();
     MigrationStatus status() const { return status_; }
     // query-migrate body.
     nlohmann::json query() const;
@@ -95,6 +100,7 @@ private:
     std::mutex err_mu_;
     std::optional<Error> thread_error_; // protected by err_mu_
     std::atomic<bool> loading_done_{false};
+    bool cancel_requested_ = false; // loop thread only
     std::atomic<uint64_t> normal_pages_{0};
     std::atomic<uint64_t> zero_pages_{0};
     std::atomic<uint64_t> bytes_{0};

@@ -17,6 +17,9 @@ namespace {
 void add_common(CLI::App *cmd, DaemonOptions &o, std::string &uuid, std::string &level,
                 std::string &page_path)
 {
+    cmd->add_option("--link-timeout", o.link_timeout_ms,
+                    "ms without acknowledgement before a migration channel counts as dead "
+                    "(default 30000; 0 = as long as the kernel retransmits)");
     cmd->add_option("--page-path", page_path,
                     "auto|file|mapped: how page data moves (default auto: measured)")
         ->check(CLI::IsMember({"auto", "file", "mapped"}));

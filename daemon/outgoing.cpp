@@ -548,6 +548,9 @@ void OutgoingMigration::on_connected(Result<std::vector<int>> fds)
         finish(fds.error());
         return;
     }
+    for (int fd : *fds) {
+        set_link_timeout(fd, params_.link_timeout_ms);
+    }
     {
         std::lock_guard<std::mutex> lk(fds_mu_);
         fds_ = *fds;

@@ -46,6 +46,7 @@ struct OutgoingParams {
     unsigned throttle_increment = 10;
     unsigned max_throttle = 99;
     unsigned throttle_trigger_threshold = 50;
+    unsigned link_timeout_ms = 30000; // dead-link detection, 0 = never
 };
 
 class OutgoingMigration {

@@ -19,8 +19,8 @@ Status QEMUFileWriter::flush()
     }
     Status st = buf_.empty() ? Status() : write_full(fd_, buf_.data(), buf_.size());
     if (!st) {
-        err_ = st.error();
-        return st;
+        err_ = Error(st.error()).prepend("main channel: ");
+        return *err_;
     }
     written_ += buf_.size();
     buf_.clear();

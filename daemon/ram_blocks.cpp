@@ -19,7 +19,8 @@ bool parse_size(const std::string &text, uint64_t *out)
     if (errno == ERANGE) {
         return false;
     }
-    std::string suffix(end);
+    // Not std::string(end): a NUL inside the text would hide what follows.
+    std::string suffix = text.substr(size_t(end - text.c_str()));
     static const std::string units = "bkmgtpe";
     unsigned shift = 0;
     if (!suffix.empty()) {

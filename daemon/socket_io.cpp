@@ -46,7 +46,8 @@ ssize_t FdInputStream::read_some(void *dst, size_t n, std::string *err)
             return r;
         }
         if (errno != EINTR) {
-            *err = std::string("read from migration channel: ") + std::strerror(errno);
+            *err = std::string("main channel: read from migration channel: ") +
+                   std::strerror(errno);
             return -1;
         }
     }
@@ -167,6 +168,22 @@ void shutdown_fd(int fd)
     if (fd >= 0) {
         ::shutdown(fd, SHUT_RDWR);
     }
+}
+
+void set_link_timeout(int fd, unsigned ms)
+{
+    if (ms == 0) {
+        return;
+    }
+    // Probes start after a third of the timeout idle, every sixth; the
+    // user timeout then bounds both unacknowledged data and probes.
+    int one = 1;
+    int idle = std::max(1u, ms / 3000), intvl = std::max(1u, ms / 6000), cnt = 6;
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms));
 }
 
 Result<int> take_blocking_fd(int uv_fd)

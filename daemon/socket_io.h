@@ -18,8 +18,9 @@
 
 namespace qmigd {
 
-// Reads from a blocking fd; `prefix` holds bytes already taken off the
-// socket during classification, delivered first.
+// Reads the main channel from a blocking fd; `prefix` holds bytes already
+// taken off the socket during classification, delivered first. Errors name
+// the main channel.
 class FdInputStream : public InputStream {
 public:
     FdInputStream(int fd, std::vector<uint8_t> prefix) : fd_(fd), prefix_(std::move(prefix)) {}
@@ -69,5 +70,10 @@ Status write_full(int fd, const void *buf, size_t n);
 void shutdown_fd(int fd);
 // Makes a dup of a libuv-owned socket that blocks, with TCP_NODELAY.
 Result<int> take_blocking_fd(int uv_fd);
+// Dead-link detection on a migration socket: a channel whose peer stops
+// acknowledging (sent data, or keepalive probes while idle) for `ms` fails
+// with ETIMEDOUT instead of waiting as long as the kernel retransmits
+// (about 15 minutes, which is what QEMU 10 does). 0 leaves the defaults.
+void set_link_timeout(int fd, unsigned ms);
 
 } // namespace qmigd

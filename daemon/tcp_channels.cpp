@@ -284,8 +284,9 @@ void TcpConnect::connected(Attempt *a, int status)
             error_ = fd.error();
         }
     } else if (status < 0 && !error_) {
+        // QEMU's text: strerror() ("Connection refused"), not libuv's.
         error_.emplace(fmt::format("Failed to connect to '{}:{}': {}", addr_.host, addr_.port,
-                                   uv_strerror(status)));
+                                   std::strerror(-status)));
     }
     pending_.erase(std::find(pending_.begin(), pending_.end(), a));
     if (!uv_is_closing(reinterpret_cast<uv_handle_t *>(&a->tcp))) {

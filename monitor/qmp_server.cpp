@@ -40,11 +40,10 @@ json error_reply(const QmpError &e)
 } // namespace
 
 struct QmpServer::Client {
+    explicit Client(QmpServer &s) : server(&s), session(s) {}
     uv_pipe_t pipe;
-    QmpServer *server = nullptr;
-    JsonSplitter splitter;
-    bool negotiated = false;
-    bool oob = false; // capability "oob" enabled at negotiation
+    QmpServer *server;
+    QmpSession session;
     bool closing = false;
     bool reading = false; // false while its unread replies back up
 };
@@ -110,8 +109,7 @@ void QmpServer::on_connection(uv_stream_t *listener, int status)
         spdlog::warn("qmp: accept failed: {}", uv_strerror(status));
         return;
     }
-    auto *c = new Client;
-    c->server = self;
+    auto *c = new Client(*self);
     uv_pipe_init(self->loop_, &c->pipe, 0);
     c->pipe.data = c;
     if (uv_accept(listener, reinterpret_cast<uv_stream_t *>(&c->pipe)) != 0) {
@@ -140,15 +138,8 @@ void QmpServer::start_reading(Client *c)
                 cl->server->drop(cl);
                 return;
             }
-            for (auto &piece : cl->splitter.feed(buf->base, size_t(nread))) {
-                if (cl->closing) {
-                    break;
-                }
-                if (!piece.error.empty()) {
-                    cl->server->send(cl, error_reply({"GenericError", piece.error}));
-                } else {
-                    cl->server->handle_line(cl, piece.text);
-                }
+            for (const json &reply : cl->session.feed(buf->base, size_t(nread))) {
+                cl->server->send(cl, reply);
             }
             cl->server->throttle(cl);
         });
@@ -168,7 +159,17 @@ QmpResult QmpServer::dispatch(const std::string &name, const json &args)
     return it->second.handler(args);
 }
 
-void QmpServer::handle_line(Client *c, const std::string &text)
+std::vector<json> QmpSession::feed(const char *data, size_t len)
+{
+    std::vector<json> replies;
+    for (auto &piece : splitter_.feed(data, len)) {
+        replies.push_back(piece.error.empty() ? handle(piece.text)
+                                              : error_reply({"GenericError", piece.error}));
+    }
+    return replies;
+}
+
+json QmpSession::handle(const std::string &text)
 {
     json req = json::parse(text, nullptr, false);
     json reply;
@@ -192,19 +193,19 @@ void QmpServer::handle_line(Client *c, const std::string &text)
             QmpResult r;
             if (std::string(cmd_key) == "exec-oob") {
                 // No qmigd command runs out of band.
-                r = c->oob ? qmp_error("The command " + name + " does not support OOB")
+                r = oob_ ? qmp_error("The command " + name + " does not support OOB")
                            : qmp_error("QMP input member 'exec-oob' is unexpected");
             } else if (name == "qmp_capabilities") {
-                r = c->negotiated
+                r = negotiated_
                         ? qmp_error("Capabilities negotiation is already complete, command "
                                     "ignored",
                                     "CommandNotFound")
-                        : negotiate(c, args);
-            } else if (!c->negotiated) {
+                        : negotiate(args);
+            } else if (!negotiated_) {
                 r = qmp_error("Expecting capabilities negotiation with 'qmp_capabilities'",
                               "CommandNotFound");
             } else {
-                r = dispatch(name, args);
+                r = server_.dispatch(name, args);
             }
             if (auto *e = std::get_if<QmpError>(&r)) {
                 reply = error_reply(*e);
@@ -216,10 +217,10 @@ void QmpServer::handle_line(Client *c, const std::string &text)
             reply["id"] = req["id"];
         }
     }
-    send(c, reply);
+    return reply;
 }
 
-QmpResult QmpServer::negotiate(Client *c, const json &args)
+QmpResult QmpSession::negotiate(const json &args)
 {
     if (auto e = qmp_check_members(args, {"enable"})) {
         return *e;
@@ -233,9 +234,9 @@ QmpResult QmpServer::negotiate(Client *c, const json &args)
             return qmp_error("Parameter 'enable' does not accept value '" +
                              (cap.is_string() ? cap.get<std::string>() : cap.dump()) + "'");
         }
-        c->oob = true;
+        oob_ = true;
     }
-    c->negotiated = true;
+    negotiated_ = true;
     return json::object();
 }
 
@@ -297,7 +298,7 @@ void QmpServer::emit_event(const std::string &name, const json &data)
         ev["data"] = data;
     }
     for (auto *c : clients_) {
-        if (c->negotiated) {
+        if (c->session.negotiated()) {
             send(c, ev);
         }
     }

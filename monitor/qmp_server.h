@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <uv.h>
 
+#include "monitor/json_splitter.h"
 #include "protocol/error.h"
 
 namespace qmigd {
@@ -41,6 +42,29 @@ inline QmpResult qmp_error(std::string desc, std::string cls = "GenericError")
 std::optional<QmpError> qmp_check_members(const json &args,
                                           const std::vector<std::string> &allowed);
 
+class QmpServer;
+
+// One client's side of the protocol: the JSON stream, capabilities
+// negotiation, request checks in QEMU's order, dispatch. No I/O: bytes in,
+// replies out, so the whole input path can be tested (and fuzzed) without
+// a socket. The server owns the writing.
+class QmpSession {
+public:
+    explicit QmpSession(QmpServer &server) : server_(server) {}
+    // Feeds bytes; runs every complete request; returns the replies in order.
+    std::vector<json> feed(const char *data, size_t len);
+    bool negotiated() const { return negotiated_; }
+
+private:
+    json handle(const std::string &text);
+    QmpResult negotiate(const json &args);
+
+    QmpServer &server_;
+    JsonSplitter splitter_;
+    bool negotiated_ = false;
+    bool oob_ = false; // capability "oob" enabled at negotiation
+};
+
 class QmpServer {
 public:
     explicit QmpServer(uv_loop_t *loop);
@@ -63,8 +87,6 @@ public:
 private:
     struct Client;
     static void on_connection(uv_stream_t *server, int status);
-    void handle_line(Client *c, const std::string &text);
-    QmpResult negotiate(Client *c, const json &args);
     void send(Client *c, const json &msg);
     static void start_reading(Client *c);
     void throttle(Client *c);

@@ -31,7 +31,7 @@ def free_port():
 class Peer:
     """A running qmigd or QEMU process with its QMP connection."""
 
-    def __init__(self, kind, role, ram, tag, extra=None, log_dir="/tmp"):
+    def __init__(self, kind, role, ram, tag, extra=None, log_dir="/tmp", wrap=None):
         self.kind, self.role, self.ram = kind, role, ram  # ram: list of (name, path, size)
         self.qmp_path = os.path.join("/tmp", unique_name(tag) + ".qmp")
         self.log_path = os.path.join(log_dir, os.path.basename(self.qmp_path) + ".log")
@@ -48,6 +48,7 @@ class Peer:
             for name, path, size in ram:
                 argv += ["--ram", f"{name}={path},size={size}"]
         argv += extra or []
+        argv = (wrap or []) + argv  # e.g. ip netns exec NS: the pid stays the daemon's
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
         self.qmp = None

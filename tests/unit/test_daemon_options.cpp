@@ -22,6 +22,7 @@ TEST_CASE("--ram sizes: units, and no silent wrap", "[daemon]")
     CHECK_FALSE(parse_size(" 1", &v));
     CHECK_FALSE(parse_size("1Kb", &v));
     CHECK_FALSE(parse_size("", &v));
+    CHECK_FALSE(parse_size(std::string("1\0x", 3), &v)); // found by fuzz_ram_option
     auto spec = ram_block_spec_parse("mem=/dev/shm/x,size=16777216T");
     REQUIRE_FALSE(spec.ok());
     CHECK(spec.error().message().find("Parameter 'size' expects a size value") !=
