@@ -23,10 +23,11 @@ for san in ${QMIGD_SANITIZE:-}; do
     (cd "$dir" && ctest --output-on-failure -L sanitizer)
 done
 
-# A short libFuzzer run over the protocol decoders, where clang is there.
+# A short libFuzzer run of each target (main-channel loader and multifd
+# packets, QMP input path, HMP, --ram) from its corpus, where clang is there.
 if [ -n "${QMIGD_SANITIZE:-}" ] && command -v clang++ >/dev/null 2>&1; then
     CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQMIGD_FUZZ=ON >/dev/null
-    cmake --build build-fuzz --target fuzz_loadvm -j"$(nproc)" >build-fuzz/build.log 2>&1 \
-        || { cat build-fuzz/build.log; exit 1; }
+    cmake --build build-fuzz --target fuzz_loadvm fuzz_qmp fuzz_hmp fuzz_ram_option \
+        -j"$(nproc)" >build-fuzz/build.log 2>&1 || { cat build-fuzz/build.log; exit 1; }
     (cd build-fuzz && ctest --output-on-failure -L fuzz)
 fi
