@@ -53,28 +53,6 @@ ssize_t FdInputStream::read_some(void *dst, size_t n, std::string *err)
     }
 }
 
-Result<int> read_full(int fd, void *buf, size_t n)
-{
-    size_t have = 0;
-    while (have < n) {
-        ssize_t r = ::read(fd, static_cast<uint8_t *>(buf) + have, n - have);
-        if (r < 0 && errno == EINTR) {
-            continue;
-        }
-        if (r < 0) {
-            return errno_error("read from migration channel");
-        }
-        if (r == 0) {
-            if (have == 0) {
-                return 0;
-            }
-            return Error("unexpected end of stream in the middle of a packet");
-        }
-        have += size_t(r);
-    }
-    return 1;
-}
-
 Status readv_full(int fd, struct iovec *iov, int count)
 {
     while (count > 0) {

@@ -58,9 +58,6 @@ private:
     size_t head_ = 0, tail_ = 0; // buffered bytes are buf_[head_, tail_)
 };
 
-// Reads exactly n bytes. Returns 1, 0 on EOF before the first byte, or
-// an error (EOF in the middle is an error).
-Result<int> read_full(int fd, void *buf, size_t n);
 // Fills the whole iovec array (modifies it); EOF is an error.
 Status readv_full(int fd, struct iovec *iov, int count);
 // Writes the whole iovec array (modifies it). EINTR and partial writes handled.

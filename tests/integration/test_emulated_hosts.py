@@ -51,6 +51,19 @@ def test_migration_over_1gbit_link():
         check(used > 0.5, f"only {100 * used:.0f}% of the link used")
 
 
+def start_and_cut(net, s, d, watch):
+    """Starts a ~5 s migration over the link, cuts it once `watch` is
+    active; returns the time of the cut."""
+    s.set_migration(True, 4, "multifd", 50 * MiB)
+    d.set_migration(True, 4)
+    port = start_incoming(d, net.addr("b"))
+    s.qmp.cmd("migrate", uri=f"tcp:{net.addr('b')}:{port}")
+    wait_status(watch, ("active",), timeout=10)
+    time.sleep(1.0)
+    net.cut()
+    return time.monotonic()
+
+
 def wait_failed(peer, t_cut, limit):
     info = wait_status(peer, ("failed",), timeout=limit, fail_on=("completed", "cancelled"))
     return time.monotonic() - t_cut, info.get("error-desc", "")
@@ -60,14 +73,7 @@ def wait_failed(peer, t_cut, limit):
 def test_link_cut_between_two_qmigd():
     with hosts("1gbit") as net, images(SIZE, "random") as imgs, \
             pair(net, imgs, extra=["--link-timeout", "10000"]) as (s, d):
-        s.set_migration(True, 4, "multifd", 50 * MiB)  # ~5 s: time to cut it
-        d.set_migration(True, 4)
-        port = start_incoming(d, net.addr("b"))
-        s.qmp.cmd("migrate", uri=f"tcp:{net.addr('b')}:{port}")
-        wait_status(s, ("active",), timeout=10)
-        time.sleep(1.0)
-        net.cut()
-        t_cut = time.monotonic()
+        t_cut = start_and_cut(net, s, d, s)
         src_secs, src_err = wait_failed(s, t_cut, 60)
         dst_secs, dst_err = wait_failed(d, t_cut, 60)
         print(f"  link cut -> failed: source {src_secs:.1f} s ({src_err}); destination "
@@ -86,14 +92,7 @@ def test_qemu_source_cut_off_from_qmigd_destination():
     --link-timeout, 30 s) fails on its own and takes a new migrate-incoming."""
     with hosts("1gbit") as net, images(SIZE, "random") as imgs, \
             pair(net, imgs, src_kind="qemu") as (s, d):
-        s.set_migration(True, 4, "multifd", 50 * MiB)
-        d.set_migration(True, 4)
-        port = start_incoming(d, net.addr("b"))
-        s.qmp.cmd("migrate", uri=f"tcp:{net.addr('b')}:{port}")
-        wait_status(d, ("active",), timeout=10)
-        time.sleep(1.0)
-        net.cut()
-        t_cut = time.monotonic()
+        t_cut = start_and_cut(net, s, d, d)
         dst_secs, dst_err = wait_failed(d, t_cut, 60)
         print(f"  link cut -> destination failed after {dst_secs:.1f} s ({dst_err}); QEMU "
               f"source still {s.status()['status']}", flush=True)
