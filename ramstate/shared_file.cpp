@@ -24,7 +24,15 @@ Result<std::unique_ptr<SharedFile>> SharedFile::open(const std::string &path, si
     if (f->fd_ < 0 || fstat(f->fd_, &st) < 0) {
         return fail("open");
     }
-    if (size_t(st.st_size) != bytes && ftruncate(f->fd_, off_t(bytes)) < 0) {
+    if (st.st_size != 0 && size_t(st.st_size) != bytes) {
+        // Resizing it would pull pages from under other processes that map
+        // it (SIGBUS): a file of another size belongs to something else.
+        errno = 0;
+        return Error(fmt::format("{} '{}' has {} bytes where {} are expected (left by another "
+                                 "image? remove it)",
+                                 what, path, st.st_size, bytes));
+    }
+    if (st.st_size == 0 && ftruncate(f->fd_, off_t(bytes)) < 0) {
         return fail("size");
     }
     void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f->fd_, 0);

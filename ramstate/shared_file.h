@@ -1,6 +1,7 @@
 // A small file in shared memory that other processes map too (the dirty
-// bitmap, the guest control record): created if missing, sized, and mapped
-// MAP_SHARED read-write.
+// bitmap, the guest control record): created if missing, sized if empty,
+// and mapped MAP_SHARED read-write. An existing file of another size is
+// refused, never resized under the processes that map it.
 #pragma once
 
 #include <cstddef>

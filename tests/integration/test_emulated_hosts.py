@@ -65,9 +65,10 @@ def start_and_cut(net, s, d, watch):
 
 
 def dead_link(err):
-    """The error names the channel and says the link is gone (the kernel's
-    word for it: a timeout, or no route once the interface is down)."""
-    return "channel" in err and ("timed out" in err or "No route to host" in err)
+    """The error names the channel and says the link is gone, in the kernel's
+    words: a timeout, or (the interface being down) no route or network."""
+    return "channel" in err and any(w in err for w in ("timed out", "No route to host",
+                                                       "Network is unreachable"))
 
 
 def wait_failed(peer, t_cut, limit):

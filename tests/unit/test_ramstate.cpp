@@ -196,6 +196,15 @@ TEST_CASE("dirty bitmap: get-and-clear collects each set bit once", "[dirty_bitm
     off_t len = lseek(fd, 0, SEEK_END);
     ::close(fd);
     CHECK(len == 24);
+    // Opened again for another size: refused, and the mapped file keeps its
+    // size (a resize would SIGBUS the processes that map it).
+    auto other = DirtyBitmap::open(u.path, 1000);
+    REQUIRE_FALSE(other.ok());
+    CHECK(other.error().message().find("has 24 bytes where 128 are expected") !=
+          std::string::npos);
+    b.set_dirty(100);
+    auto same = DirtyBitmap::open(u.path, 130);
+    CHECK(same.ok());
 }
 
 TEST_CASE("dirty bitmap: no bit is lost while a writer races with syncs", "[dirty_bitmap]")
