@@ -227,11 +227,26 @@ def migration_events(src_kind):
         return [name(e) for e in evs], [name(e) for e in devs]
 
 
+def event_shape(events):
+    """The sequence with the passes of the iterative stage folded into one
+    "PASS:n" marker, after checking that passes count up by one: how many
+    rounds run before the switchover depends on timing (QEMU syncs again once
+    a 100 ms bandwidth sample exists), the order of everything else does not."""
+    passes = [int(e.split(":")[1]) for e in events if e.startswith("MIGRATION_PASS")]
+    check(passes == list(range(1, len(passes) + 1)), f"passes do not count up: {events}")
+    shape = []
+    for e in events:
+        e = "PASS:n" if e.startswith("MIGRATION_PASS") else e
+        if not (shape and shape[-1] == e == "PASS:n"):
+            shape.append(e)
+    return shape
+
+
 @test
 def test_events_match_qemu():
     q_src, q_dst = migration_events("qemu")
     o_src, o_dst = migration_events("qmigd")
-    check(q_src == o_src, f"source events: QEMU {q_src} qmigd {o_src}")
+    check(event_shape(q_src) == event_shape(o_src), f"source events: QEMU {q_src} qmigd {o_src}")
     check(o_dst == ["MIGRATION:setup", "MIGRATION:active", "RESUME", "MIGRATION:completed"], o_dst)
 
 
