@@ -7,7 +7,7 @@ Scenario file (every key optional except source and destination):
   "source":      {"qmp": "/tmp/src.qmp"}
                | {"launch": "qmigd" | "qemu",
                   "ram": [{"name": "mem", "path": "/dev/shm/s.ram", "size": "1G",
-                           "content": "mixed" | "random" | "zero" | "keep"}]},
+                           "content": "mixed" | "random" | "zero" | "sparse" | "keep"}]},
   "destination": {"qmp": ...} | {"launch": ..., "ram": [...]}  (content: "fresh" | "garbage"),
   "capabilities": {"multifd": true, "events": true},
   "parameters": {"multifd-channels": 4, "zero-page-detection": "multifd", "max-bandwidth": 0},
@@ -56,7 +56,7 @@ class Side:
             for r in spec["ram"]:
                 size = parse_size(r["size"])
                 content = r.get("content", "mixed" if role == "source" else "fresh")
-                if content in ("mixed", "random", "zero", "garbage"):
+                if content in ("mixed", "random", "zero", "sparse", "garbage"):
                     runner.make_image(r["path"], size, content)
                 elif content == "fresh":
                     runner.remove(r["path"])

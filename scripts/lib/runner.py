@@ -204,14 +204,24 @@ class _MappedWriter:
 
 
 def make_image(path, size, content, seed=1):
-    """Writes a RAM image: zero | random | mixed | text | garbage (all 0xAA)."""
+    """Writes a RAM image: zero (zero pages written, so the memory is
+    allocated) | sparse (a hole: never touched) | random | mixed | text |
+    garbage (all 0xAA)."""
     import random
     rng = random.Random(seed)
     pages = size // PAGE
     hugetlbfs = fs_type(path) == "hugetlbfs"
     with (_MappedWriter(path, size) if hugetlbfs else open(path, "wb")) as f:
-        if content == "zero":
+        if content == "sparse":
             f.truncate(size)
+            return
+        if content == "zero":
+            chunk = bytes(1 << 24)
+            left = size
+            while left:
+                n = min(left, len(chunk))
+                f.write(chunk[:n])
+                left -= n
             return
         if content == "random":
             left = size
