@@ -12,9 +12,14 @@
 //            mapping (QEMU's way); destination pre-faults the range with
 //            MADV_POPULATE_WRITE and receives straight into the mapping.
 //            Costs page-table faults, no extra copy.
-// The rule: on hugetlbfs the destination must map (no pwrite there); every
-// other choice goes to the side measured cheaper per page on a scratch file
-// next to the image (same file system), at start-up, in about 0.1 s.
+// The rule: on huge pages (hugetlbfs, huge-page tmpfs) both sides map: one
+// fault covers 512 pages, and pwrite would serialise the receive threads'
+// huge-page allocations on the inode lock (hugetlbfs has no pwrite at all).
+// Elsewhere each choice goes to the side measured cheaper per page on a
+// scratch file next to the image (same file system), at start-up, in about
+// 0.1 s. Writes are measured with one writer per core (up to 4) into the
+// same file, as the receive threads write: pwrite serialises on the file's
+// inode lock and faults do not.
 #pragma once
 
 #include <cstdint>
@@ -34,8 +39,8 @@ bool page_path_mode_parse(const std::string &text, PagePathMode *out);
 struct PagePathCosts {
     double pread_ns = -1;     // pread into a buffer + zero check
     double map_read_ns = -1;  // fresh mapping: MADV_POPULATE_READ + zero check in place
-    double pwrite_ns = -1;    // pwrite into a fresh file
-    double map_write_ns = -1; // fresh mapping: MADV_POPULATE_WRITE + copy in
+    double pwrite_ns = -1;    // pwrite into a fresh file (wall clock, concurrent writers)
+    double map_write_ns = -1; // fresh mapping: MADV_POPULATE_WRITE + copy in (same)
 };
 
 struct PagePaths {

@@ -109,6 +109,11 @@ Status RamImage::init(uint64_t size)
         return sys_error("cannot map RAM image", path);
     }
     base_ = static_cast<uint8_t *>(p);
+    if (backing_.page_size > TARGET_PAGE_SIZE) {
+        for (auto &bits : populated_) {
+            bits.assign(((size_ + backing_.page_size - 1) / backing_.page_size + 63) / 64, 0);
+        }
+    }
     return {};
 }
 
@@ -135,7 +140,26 @@ Status RamImage::populate(uint64_t offset, size_t len, bool write) const
     uint64_t g = backing_.page_size;
     uint64_t start = offset / g * g;
     uint64_t end = std::min(size_, (offset + len + g - 1) / g * g);
+    auto &done = populated_[write];
+    auto word = [&](uint64_t i) { return std::atomic_ref<uint64_t>(done[i / 64]); };
+    uint64_t first = start / g, last = (end + g - 1) / g; // backing pages [first, last)
+    if (!done.empty()) {
+        uint64_t i = first;
+        while (i < last && (word(i).load(std::memory_order_relaxed) >> (i % 64)) & 1) {
+            i++;
+        }
+        if (i == last) {
+            return {};
+        }
+    }
     if (madvise(base_ + start, end - start, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0) {
+        for (uint64_t i = first; !done.empty() && i < last; i++) {
+            word(i).fetch_or(uint64_t(1) << (i % 64), std::memory_order_relaxed);
+            if (write) {
+                std::atomic_ref<uint64_t>(populated_[0][i / 64])
+                    .fetch_or(uint64_t(1) << (i % 64), std::memory_order_relaxed);
+            }
+        }
         return {};
     }
     return Error(fmt::format("cannot fault in RAM image '{}' at 0x{:x}+0x{:x}: {}{}", path_, start,
@@ -281,6 +305,14 @@ Status RamImage::commit_pages(const uint64_t *offsets, uint32_t n, const uint8_t
 void RamImage::scan_holes()
 {
     known_zero_.assign((pages() + 63) / 64, 0);
+    // A file with no blocks is one hole. This is the only hole hugetlbfs can
+    // show (it has no SEEK_HOLE, but counts its huge pages in st_blocks), and
+    // it spares a fresh destination from faulting in every zero page.
+    struct stat st;
+    if (fstat(fd_, &st) == 0 && st.st_blocks == 0) {
+        set_bits(known_zero_, 0, pages());
+        return;
+    }
     if (!backing_.seeks_holes()) {
         return;
     }

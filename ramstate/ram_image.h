@@ -96,6 +96,12 @@ private:
     // epoch; atomics because neighbours share a word) and, on the source, by
     // the migration thread at dirty sync while sender threads read them.
     std::vector<uint64_t> known_zero_;
+    // Huge-page backings only: one bit per backing page already faulted in,
+    // [0] for reading, [1] for writing, so the send and receive threads ask
+    // the kernel once per huge page, not once per run of 4 KiB pages (those
+    // madvise calls were a quarter of a hugetlbfs receiver's CPU). Atomic
+    // fetch_or from any thread; a race costs one redundant madvise.
+    mutable std::vector<uint64_t> populated_[2];
 };
 
 } // namespace qmigd

@@ -137,6 +137,11 @@ def run_backing(backing, size, args, results, limits):
                 src_img = os.path.join(d, unique_name("bench-src") + ".ram")
                 try:
                     make_image(src_img, size, content)
+                    # One untimed migration first: memory this VM has not used
+                    # lately costs several times more on first touch, and the
+                    # pair that ran first in a cell would pay for all.
+                    if args.warmup:
+                        one_run(("qmigd", "qmigd"), src_img, size, mine[0], False)
                     for r in range(args.repeat):  # repeats outside: runs of a cell spread out
                         for cell in mine:
                             for pair in args.pairs:  # interleaved: same machine state
@@ -189,8 +194,8 @@ def table(results, size, limits):
         ours = per.get(("qmigd", "qmigd"))
         ratio = (f"{median(ours, 'secs') / bt:.2f}x / {median(ours, 'cpu') / bc:.2f}x"
                  if ours and bt else "—")
-        mem = (f"{median(ours, 'src_rss') >> 10} / {median(ours, 'src_anon') >> 10}, "
-               f"{median(ours, 'dst_rss') >> 10} / {median(ours, 'dst_anon') >> 10}"
+        mem = (f"{int(median(ours, 'src_rss')) >> 10} / {int(median(ours, 'src_anon')) >> 10}, "
+               f"{int(median(ours, 'dst_rss')) >> 10} / {int(median(ours, 'dst_anon')) >> 10}"
                if ours else "—")
         lines.append(f"| {fmt_cell(cell)} | {cellfmt(('qemu', 'qemu'), True)} "
                      f"| {cellfmt(('qmigd', 'qmigd'), True)} | {ratio} "
@@ -239,6 +244,8 @@ def main():
     ap.add_argument("--pairs", default="qemu:qemu,qmigd:qmigd,qemu:qmigd,qmigd:qemu")
     ap.add_argument("--verify", choices=["first", "all"], default="first",
                     help="compare images after the first repeat only, or after every run")
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="one untimed qmigd -> qmigd run per image first (0: none)")
     ap.add_argument("--limits", action="store_true", help="measure this machine's limits")
     ap.add_argument("--out", help="write the markdown table here")
     ap.add_argument("--json", help="write all runs here")
