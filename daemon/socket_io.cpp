@@ -71,12 +71,29 @@ Status readv_full(int fd, struct iovec *iov, int count)
     return {};
 }
 
+void ChannelReader::drain(struct iovec *&iov, int &count)
+{
+    while (count > 0 && head_ < tail_) {
+        size_t k = std::min(iov->iov_len, tail_ - head_);
+        std::memcpy(iov->iov_base, buf_.get() + head_, k);
+        head_ += k;
+        iov = iov_advance(iov, &count, k);
+    }
+}
+
 Result<int> ChannelReader::read(void *dst, size_t n)
 {
-    auto *out = static_cast<uint8_t *>(dst);
-    size_t done = 0;
-    while (done < n) {
-        ssize_t r = ::read(fd_, out + done, n - done);
+    struct iovec one = {dst, n};
+    struct iovec *iov = &one;
+    int count = 1;
+    bool got_any = head_ < tail_;
+    drain(iov, count);
+    while (count > 0) {
+        if (iov->iov_len >= cap_ / 2) {
+            QMIGD_TRY(readv(iov, count)); // large: no point in buffering
+            return 1;
+        }
+        ssize_t r = ::read(fd_, buf_.get(), cap_);
         if (r < 0 && errno == EINTR) {
             continue;
         }
@@ -84,14 +101,23 @@ Result<int> ChannelReader::read(void *dst, size_t n)
             return errno_error("read from migration channel");
         }
         if (r == 0) {
-            if (done == 0) {
+            if (!got_any && iov->iov_len == n) {
                 return 0;
             }
             return Error("unexpected end of stream in the middle of a packet");
         }
-        done += size_t(r);
+        got_any = true;
+        head_ = 0;
+        tail_ = size_t(r);
+        drain(iov, count);
     }
     return 1;
+}
+
+Status ChannelReader::readv(struct iovec *iov, int count)
+{
+    drain(iov, count);
+    return readv_full(fd_, iov, count);
 }
 
 Status writev_full(int fd, struct iovec *iov, int count)

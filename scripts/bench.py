@@ -2,7 +2,7 @@
 """Side-by-side migration benchmark: the same RAM image migrated QEMU 10 ->
 QEMU 10, qmigd -> qmigd, QEMU -> qmigd and qmigd -> QEMU, interleaved, on the
 same machine, unlimited bandwidth. Reports medians of wall time (migrate until
-both sides completed), CPU seconds of both processes, peak memory (RSS and
+both sides completed, by their MIGRATION event timestamps), CPU seconds of both processes, peak memory (RSS and
 private/anonymous) of each, ratios to QEMU -> QEMU, and the share of this
 machine's limits (`qmigd limits`) that qmigd -> qmigd reached.
 
@@ -90,7 +90,7 @@ def one_run(pair, src_img, size, cell, verify):
         pids = (src.proc.pid, dst.proc.pid)
         c0 = sum(cpu_seconds(p) for p in pids)
         mem = MemorySampler(pids)
-        info, _, secs = migrate(src, dst, channels > 0, max(channels, 1), zpd)
+        info, _, secs = migrate(src, dst, channels > 0, max(channels, 1), zpd, events=True)
         cpu = sum(cpu_seconds(p) for p in pids) - c0
         peaks = mem.finish()
         ok = files_equal(src_img, dst_img) if verify else None
