@@ -76,26 +76,30 @@ json Daemon::query_status() const
     return {{"status", runstate_}, {"running", runstate_ == "running"}};
 }
 
+// QEMU's order: argument types, then the URI, then the state
+// (migrate_prepare).
 QmpResult Daemon::cmd_migrate(const json &args)
 {
-    if (opts_.role == Role::Destination) {
-        return qmp_error("Guest is waiting for an incoming migration");
+    if (args.contains("uri") && !args["uri"].is_string()) {
+        return qmp_error("Invalid parameter type for 'uri', expected: string");
     }
     if (!args.contains("uri")) {
         return qmp_error("need either 'uri' or 'channels' argument");
     }
-    if (!args["uri"].is_string()) {
-        return qmp_error("Invalid parameter type for 'uri', expected: string");
+    auto addr = parse_tcp_uri(args["uri"]);
+    if (!addr) {
+        return qmp_error(addr.error().message());
+    }
+    // A destination's own outgoing state is never running: QEMU's next
+    // check, the run state, is what it reports.
+    if (opts_.role == Role::Destination) {
+        return qmp_error("Guest is waiting for an incoming migration");
     }
     if (migration_is_running(migration_status())) {
         return qmp_error("There's a migration process in progress");
     }
     if (runstate_ == "postmigrate") {
         return qmp_error("Can't migrate the vm that was paused due to previous migration");
-    }
-    auto addr = parse_tcp_uri(args["uri"]);
-    if (!addr) {
-        return qmp_error(addr.error().message());
     }
     OutgoingParams p;
     p.multifd = config_.capability("multifd");
@@ -331,7 +335,8 @@ Status Daemon::start()
         std::string ctl = opts_.control_path.empty()
                               ? side_file_path(first.path(), first.backing(), ".ctl")
                               : opts_.control_path;
-        auto gc = GuestControl::open(ctl);
+        auto gc = GuestControl::open(ctl, opts_.control_path.empty() ? SideFileName::Derived
+                                                                      : SideFileName::Named);
         QMIGD_TRY(gc);
         guest_ = std::move(*gc);
         outgoing_ = std::make_unique<OutgoingMigration>(&loop_, *dispatcher_, blocks_,

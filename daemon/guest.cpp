@@ -81,7 +81,8 @@ Status run_guest(const GuestOptions &opts)
     std::string ctl = opts.control_path.empty()
                           ? side_file_path(first.path(), first.backing(), ".ctl")
                                                 : opts.control_path;
-    auto control = GuestControl::open(ctl);
+    auto control = GuestControl::open(ctl, opts.control_path.empty() ? SideFileName::Derived
+                                                                      : SideFileName::Named);
     QMIGD_TRY(control);
     GuestControl &gc = **control;
 

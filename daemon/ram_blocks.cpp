@@ -100,7 +100,9 @@ Result<RAMBlock> ram_block_open(const RamBlockSpec &spec, bool with_dirty_bitmap
                              spec.name, dirty, b.image->backing().name());
             }
         }
-        auto bm = DirtyBitmap::open(dirty, b.image->pages());
+        auto bm = DirtyBitmap::open(dirty, b.image->pages(),
+                                    spec.dirty_path.empty() ? SideFileName::Derived
+                                                            : SideFileName::Named);
         QMIGD_TRY(bm);
         b.dirty = std::move(*bm);
     }

@@ -4,55 +4,15 @@
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
+#include <vector>
 
 #include <fmt/format.h>
 
 namespace qmigd {
 
 namespace {
-
-constexpr const char *kGlobals = "globals:\r\n"
-                                 "store-global-state: on\r\n"
-                                 "only-migratable: off\r\n"
-                                 "send-configuration: on\r\n"
-                                 "send-section-footer: on\r\n"
-                                 "send-switchover-start: on\r\n"
-                                 "clear-bitmap-shift: 18\r\n";
-
-uint64_t u(const json &o, const char *k) { return o.value(k, uint64_t(0)); }
-
-void ram_lines(std::string &s, const json &ram)
-{
-    s += fmt::format("transferred ram: {} kbytes\r\n", u(ram, "transferred") >> 10);
-    s += fmt::format("throughput: {:.2f} mbps\r\n", ram.value("mbps", 0.0));
-    s += fmt::format("remaining ram: {} kbytes\r\n", u(ram, "remaining") >> 10);
-    s += fmt::format("total ram: {} kbytes\r\n", u(ram, "total") >> 10);
-    s += fmt::format("duplicate: {} pages\r\n", u(ram, "duplicate"));
-    s += fmt::format("zero: {} pages\r\n", u(ram, "zero"));
-    s += fmt::format("zero bytes: {} kbytes\r\n", u(ram, "zero-bytes") >> 10);
-    s += fmt::format("normal: {} pages\r\n", u(ram, "normal"));
-    s += fmt::format("normal bytes: {} kbytes\r\n", u(ram, "normal-bytes") >> 10);
-    s += fmt::format("dirty sync count: {}\r\n", u(ram, "dirty-sync-count"));
-    s += fmt::format("page size: {} kbytes\r\n", u(ram, "page-size") >> 10);
-    s += fmt::format("multifd bytes: {} kbytes\r\n", u(ram, "multifd-bytes") >> 10);
-    s += fmt::format("pages-per-second: {}\r\n", u(ram, "pages-per-second"));
-    if (u(ram, "dirty-pages-rate")) {
-        s += fmt::format("dirty pages rate: {} pages\r\n", u(ram, "dirty-pages-rate"));
-    }
-    if (u(ram, "postcopy-requests")) {
-        s += fmt::format("postcopy request count: {}\r\n", u(ram, "postcopy-requests"));
-    }
-    if (u(ram, "precopy-bytes")) {
-        s += fmt::format("precopy ram: {} kbytes\r\n", u(ram, "precopy-bytes") >> 10);
-    }
-    if (u(ram, "downtime-bytes")) {
-        s += fmt::format("downtime ram: {} kbytes\r\n", u(ram, "downtime-bytes") >> 10);
-    }
-    if (u(ram, "postcopy-bytes")) {
-        s += fmt::format("postcopy ram: {} kbytes\r\n", u(ram, "postcopy-bytes") >> 10);
-    }
-}
 
 // QEMU's qemu_strtosz_MiB(): decimal digits with an optional fraction, or
 // 0x hex digits; then an optional unit B K M G T P E (any case; none means
@@ -151,121 +111,259 @@ std::string error_text(const QmpResult &r)
     return "";
 }
 
-std::string run_hmp(QmpServer &server, const std::string &line)
+// One HMP command as QEMU's hmp-commands.hx has it: the help line is
+// "<names> <params> -- <help>", and the arguments are `flags` (single-letter
+// options such as -d), then `strings` words, then an on/off word if
+// `boolean`.
+struct HmpCall {
+    QmpServer &server;
+    std::vector<std::string> args;
+    std::string flags; // the option letters given
+};
+
+struct HmpCommand {
+    const char *names; // "stop|s": the name, then aliases
+    const char *params;
+    const char *help;
+    const char *flags;
+    int strings;
+    bool boolean;
+    std::string (*run)(const HmpCall &);
+};
+
+QmpResult query(QmpServer &server, const char *name)
+{
+    return server.dispatch(name, json::object());
+}
+
+std::string simple(const HmpCall &c, const char *qmp_name, json args = json::object())
+{
+    return error_text(c.server.dispatch(qmp_name, args));
+}
+
+// "string expected" and its kin, as QEMU's monitor_parse_arguments words them.
+std::string usage_error(const std::string &name, const std::string &help_topic,
+                        const std::string &what)
+{
+    return name + ": " + what + "\r\nTry \"help " + help_topic + "\" for more information\r\n";
+}
+
+bool known_name(const json &list, const std::string &name, const char *key)
+{
+    for (const auto &item : list) {
+        if (key ? item.value(key, "") == name : false) {
+            return true;
+        }
+    }
+    return false;
+}
+
+std::string set_parameter(const HmpCall &c)
+{
+    const std::string &name = c.args[0], &value = c.args[1];
+    json params = std::get<json>(query(c.server, "query-migrate-parameters"));
+    if (!params.contains(name)) {
+        return "Error: invalid parameter value: " + name + "\r\n";
+    }
+    QmpResult v = hmp_parameter_value(params, name, value);
+    if (std::holds_alternative<QmpError>(v)) {
+        return error_text(v);
+    }
+    return simple(c, "migrate-set-parameters", {{name, std::get<json>(v)}});
+}
+
+std::string set_capability(const HmpCall &c)
+{
+    json caps = std::get<json>(query(c.server, "query-migrate-capabilities"));
+    if (!known_name(caps, c.args[0], "capability")) {
+        return "Error: invalid parameter value: " + c.args[0] + "\r\n";
+    }
+    json one = {{"capability", c.args[0]}, {"state", c.args[1] == "on"}};
+    return simple(c, "migrate-set-capabilities", {{"capabilities", json::array({one})}});
+}
+
+std::string migrate(const HmpCall &c)
+{
+    std::string out = simple(c, "migrate", {{"uri", c.args[0]}});
+    if (!out.empty() || c.flags.find('d') != std::string::npos) {
+        return out;
+    }
+    // QEMU waits for the end by suspending the monitor, which a QMP
+    // human-monitor-command cannot do.
+    return "terminal does not allow synchronous migration, continuing detached\r\n";
+}
+
+using Formatter = std::string (*)(const json &);
+std::string info_of(const HmpCall &c, const char *qmp_name, Formatter f)
+{
+    QmpResult r = query(c.server, qmp_name);
+    return std::holds_alternative<QmpError>(r) ? error_text(r) : f(std::get<json>(r));
+}
+
+const HmpCommand kInfoCommands[] = {
+    {"migrate", "", "show migration status", "", 0, false,
+     [](const HmpCall &c) { return info_of(c, "query-migrate", hmp_format_info_migrate); }},
+    {"migrate_capabilities", "", "show current migration capabilities", "", 0, false,
+     [](const HmpCall &c) {
+         return info_of(c, "query-migrate-capabilities", hmp_format_info_migrate_capabilities);
+     }},
+    {"migrate_parameters", "", "show current migration parameters", "", 0, false,
+     [](const HmpCall &c) {
+         return info_of(c, "query-migrate-parameters", hmp_format_info_migrate_parameters);
+     }},
+    {"status", "", "show the current VM status (running|paused)", "", 0, false,
+     [](const HmpCall &c) { return info_of(c, "query-status", hmp_format_info_status); }},
+    {"version", "", "show the version of QEMU", "", 0, false,
+     [](const HmpCall &c) { return info_of(c, "query-version", hmp_format_info_version); }},
+};
+
+std::string run_info(const HmpCall &c);
+std::string run_help(const HmpCall &c);
+
+// Sorted by name, as QEMU lists them.
+const HmpCommand kCommands[] = {
+    {"cont|c", "", "resume emulation", "", 0, false,
+     [](const HmpCall &c) { return simple(c, "cont"); }},
+    {"help|?", "[cmd]", "show the help", "", -1, false, run_help},
+    {"info", "[subcommand]", "show various information about the system state", "", -1, false,
+     run_info},
+    {"migrate", "[-d] [-r] uri",
+     "migrate to URI (using -d to not wait for completion)\r\n\t\t\t -r to resume a paused "
+     "postcopy migration",
+     "dr", 1, false, migrate},
+    {"migrate_cancel", "", "cancel the current VM migration", "", 0, false,
+     [](const HmpCall &c) { return simple(c, "migrate_cancel"); }},
+    {"migrate_incoming", "uri", "Continue an incoming migration from an -incoming defer", "", 1,
+     false, [](const HmpCall &c) { return simple(c, "migrate-incoming", {{"uri", c.args[0]}}); }},
+    {"migrate_set_capability", "capability state",
+     "Enable/Disable the usage of a capability for migration", "", 1, true, set_capability},
+    {"migrate_set_parameter", "parameter value", "Set the parameter for migration", "", 2, false,
+     set_parameter},
+    {"quit|q", "", "quit the emulator", "", 0, false,
+     [](const HmpCall &c) { return simple(c, "quit"); }},
+    {"stop|s", "", "stop emulation", "", 0, false,
+     [](const HmpCall &c) { return simple(c, "stop"); }},
+};
+
+template <size_t N>
+const HmpCommand *find_command(const HmpCommand (&table)[N], const std::string &name)
+{
+    for (const auto &cmd : table) {
+        std::istringstream names(cmd.names);
+        for (std::string alias; std::getline(names, alias, '|');) {
+            if (alias == name) {
+                return &cmd;
+            }
+        }
+    }
+    return nullptr;
+}
+
+std::string help_line(const HmpCommand &cmd, const char *prefix = "")
+{
+    return std::string(prefix) + cmd.names + " " + cmd.params + " -- " + cmd.help + "\r\n";
+}
+
+template <size_t N>
+std::string help_list(const HmpCommand (&table)[N], const char *prefix)
+{
+    std::string s;
+    for (const auto &cmd : table) {
+        s += help_line(cmd, prefix);
+    }
+    return s;
+}
+
+std::vector<std::string> words(const std::string &line)
 {
     std::istringstream in(line);
-    std::string cmd, a, b;
-    in >> cmd >> a >> b;
-    if (cmd == "info" && a == "migrate") {
-        auto r = server.dispatch("query-migrate", json::object());
-        return error_text(r) + hmp_format_info_migrate(std::get<json>(r));
+    std::vector<std::string> w;
+    for (std::string t; in >> t;) {
+        w.push_back(t);
     }
-    if (cmd == "info" && a == "migrate_parameters") {
-        auto r = server.dispatch("query-migrate-parameters", json::object());
-        return hmp_format_info_migrate_parameters(std::get<json>(r));
-    }
-    if (cmd == "info" && a == "migrate_capabilities") {
-        auto r = server.dispatch("query-migrate-capabilities", json::object());
-        return hmp_format_info_migrate_capabilities(std::get<json>(r));
-    }
-    if (cmd == "migrate_set_parameter" && !a.empty()) {
-        if (b.empty()) {
-            return "migrate_set_parameter: string expected\r\nTry \"help migrate_set_parameter\" "
-                   "for more information\r\n";
-        }
-        auto params = std::get<json>(server.dispatch("query-migrate-parameters", json::object()));
-        QmpResult v = hmp_parameter_value(params, a, b);
-        if (std::holds_alternative<QmpError>(v)) {
-            return error_text(v);
-        }
-        json args = {{a, std::get<json>(v)}};
-        return error_text(server.dispatch("migrate-set-parameters", args));
-    }
-    if (cmd == "migrate_set_capability" && !a.empty() && (b == "on" || b == "off")) {
-        json args = {{"capabilities", json::array({{{"capability", a}, {"state", b == "on"}}})}};
-        return error_text(server.dispatch("migrate-set-capabilities", args));
-    }
-    if (cmd == "migrate_cancel") {
-        return error_text(server.dispatch("migrate_cancel", json::object()));
-    }
-    if (cmd == "stop" || cmd == "cont" || cmd == "quit") {
-        return error_text(server.dispatch(cmd, json::object()));
-    }
-    return "unknown command: '" + line + "'\r\n";
+    return w;
 }
 
+// Parses the words after the command name against cmd's arguments and runs
+// it. `topic` is what "Try \"help ...\"" names.
+std::string invoke(const HmpCommand &cmd, QmpServer &server, std::vector<std::string> w,
+                   const std::string &topic)
+{
+    std::string name = cmd.names;
+    HmpCall call{server, {}, ""};
+    if (cmd.strings < 0) { // takes any words
+        call.args = std::move(w);
+        return cmd.run(call);
+    }
+    size_t i = 0;
+    for (; i < w.size() && *cmd.flags && w[i].size() > 1 && w[i][0] == '-'; i++) {
+        for (char f : w[i].substr(1)) {
+            if (!std::strchr(cmd.flags, f)) {
+                return usage_error(name, topic, std::string("unsupported option -") + f);
+            }
+            call.flags += f;
+        }
+    }
+    for (int k = 0; k < cmd.strings; k++, i++) {
+        if (i >= w.size()) {
+            return usage_error(name, topic, "string expected");
+        }
+        call.args.push_back(w[i]);
+    }
+    if (cmd.boolean) {
+        if (i >= w.size() || (w[i] != "on" && w[i] != "off")) {
+            return usage_error(name, topic, "Expected 'on' or 'off'");
+        }
+        call.args.push_back(w[i++]);
+    }
+    if (i < w.size()) {
+        return usage_error(name, topic, "extraneous characters at the end of line");
+    }
+    return cmd.run(call);
+}
+
+std::string run_info(const HmpCall &c)
+{
+    if (c.args.empty()) {
+        return help_list(kInfoCommands, "info ");
+    }
+    const HmpCommand *sub = find_command(kInfoCommands, c.args[0]);
+    if (!sub) {
+        return "unknown command: 'info " + c.args[0] + "'\r\n";
+    }
+    return invoke(*sub, c.server, {c.args.begin() + 1, c.args.end()}, "info " + c.args[0]);
+}
+
+std::string run_help(const HmpCall &c)
+{
+    if (c.args.empty()) {
+        return help_list(kCommands, "");
+    }
+    if (c.args[0] == "info") {
+        if (c.args.size() == 1) {
+            return help_list(kInfoCommands, "info ");
+        }
+        const HmpCommand *sub = find_command(kInfoCommands, c.args[1]);
+        return sub ? help_line(*sub, "info ") : "unknown command: 'info " + c.args[1] + "'\r\n";
+    }
+    const HmpCommand *cmd = find_command(kCommands, c.args[0]);
+    return cmd ? help_line(*cmd) : "unknown command: '" + c.args[0] + "'\r\n";
+}
+
+std::string run_hmp(QmpServer &server, const std::string &line)
+{
+    std::vector<std::string> w = words(line);
+    if (w.empty()) {
+        return "";
+    }
+    const HmpCommand *cmd = find_command(kCommands, w[0]);
+    if (!cmd) {
+        return "unknown command: '" + w[0] + "'\r\n";
+    }
+    std::string topic = w[0];
+    return invoke(*cmd, server, {w.begin() + 1, w.end()}, topic);
+}
 } // namespace
-
-std::string hmp_format_info_migrate(const json &info)
-{
-    std::string s = kGlobals;
-    if (!info.contains("status")) {
-        return s;
-    }
-    std::string status = info["status"];
-    s += "Migration status: " + status;
-    if (status == "failed" && info.contains("error-desc")) {
-        s += " (" + info["error-desc"].get<std::string>() + ")";
-    }
-    s += "\r\n";
-    s += fmt::format("total time: {} ms\r\n", u(info, "total-time"));
-    if (info.contains("expected-downtime")) {
-        s += fmt::format("expected downtime: {} ms\r\n", u(info, "expected-downtime"));
-    }
-    if (info.contains("downtime")) {
-        s += fmt::format("downtime: {} ms\r\n", u(info, "downtime"));
-    }
-    if (info.contains("setup-time")) {
-        s += fmt::format("setup: {} ms\r\n", u(info, "setup-time"));
-    }
-    if (info.contains("ram")) {
-        ram_lines(s, info["ram"]);
-    }
-    if (info.contains("incoming")) {
-        const json &in = info["incoming"];
-        s += fmt::format("received normal: {} pages\r\n", u(in, "normal"));
-        s += fmt::format("received zero: {} pages\r\n", u(in, "zero"));
-        s += fmt::format("received bytes: {} kbytes\r\n", u(in, "bytes") >> 10);
-    }
-    if (info.contains("socket-address")) {
-        s += "socket address: [\r\n";
-        for (const auto &a : info["socket-address"]) {
-            s += "\ttcp:" + a.value("host", "") + ":" + a.value("port", "") + "\r\n";
-        }
-        s += "]\r\n";
-    }
-    return s;
-}
-
-std::string hmp_format_info_migrate_parameters(const json &p)
-{
-    std::string s;
-    for (auto it = p.begin(); it != p.end(); ++it) {
-        std::string v = it->is_string() ? it->get<std::string>() : it->dump();
-        if (it->is_boolean()) {
-            v = it->get<bool>() ? "on" : "off";
-        }
-        std::string unit = it.key() == "max-bandwidth" || it.key() == "avail-switchover-bandwidth" ||
-                                   it.key() == "max-postcopy-bandwidth"
-                               ? " bytes/second"
-                           : it.key() == "downtime-limit" || it.key() == "x-checkpoint-delay"
-                               ? " ms"
-                           : it.key() == "xbzrle-cache-size" ? " bytes"
-                                                             : "";
-        s += it.key() + ": " + v + unit + "\r\n";
-    }
-    return s;
-}
-
-std::string hmp_format_info_migrate_capabilities(const json &caps)
-{
-    std::string s;
-    for (const auto &c : caps) {
-        s += c["capability"].get<std::string>() + ": " + (c["state"].get<bool>() ? "on" : "off") +
-             "\r\n";
-    }
-    return s;
-}
 
 void hmp_register(QmpServer &server)
 {

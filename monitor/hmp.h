@@ -15,5 +15,7 @@ void hmp_register(QmpServer &server);
 std::string hmp_format_info_migrate(const json &info);
 std::string hmp_format_info_migrate_parameters(const json &params);
 std::string hmp_format_info_migrate_capabilities(const json &caps);
+std::string hmp_format_info_status(const json &status);
+std::string hmp_format_info_version(const json &version);
 
 } // namespace qmigd

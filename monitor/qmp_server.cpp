@@ -145,6 +145,11 @@ void QmpServer::start_reading(Client *c)
         });
 }
 
+bool QmpServer::has_command(const std::string &name) const
+{
+    return commands_.count(name) > 0;
+}
+
 QmpResult QmpServer::dispatch(const std::string &name, const json &args)
 {
     auto it = commands_.find(name);
@@ -169,55 +174,122 @@ std::vector<json> QmpSession::feed(const char *data, size_t len)
     return replies;
 }
 
+namespace {
+
+// QEMU's QDict hash (tdb_hash): it decides the order QEMU visits a
+// request's members in, and so which of two bad members its error names.
+unsigned qdict_hash(const std::string &name)
+{
+    unsigned value = 0x238F13AFu * unsigned(name.size());
+    for (unsigned i = 0; i < name.size(); i++) {
+        value = value + (unsigned(uint8_t(name[i])) << (i * 5 % 24));
+    }
+    return 1103515243u * value + 12345u;
+}
+
+// Members in QDict iteration order: by bucket (512 of them), and within a
+// bucket the member parsed last first (QEMU inserts at the list head).
+std::vector<std::string> qdict_order(std::vector<std::string> keys)
+{
+    std::reverse(keys.begin(), keys.end());
+    std::stable_sort(keys.begin(), keys.end(), [](const std::string &a, const std::string &b) {
+        return qdict_hash(a) % 512 < qdict_hash(b) % 512;
+    });
+    return keys;
+}
+
+// QEMU's qmp_dispatch_check_obj: each member in QDict order, then the
+// missing command. Sets *exec_key to "execute" or "exec-oob".
+std::optional<QmpError> check_request(const std::string &text, const json &req, bool allow_oob,
+                                      std::string *exec_key)
+{
+    auto ordered = nlohmann::ordered_json::parse(text, nullptr, false);
+    std::vector<std::string> keys;
+    for (auto it = ordered.begin(); it != ordered.end(); ++it) {
+        if (std::find(keys.begin(), keys.end(), it.key()) == keys.end()) {
+            keys.push_back(it.key());
+        }
+    }
+    exec_key->clear();
+    for (const auto &k : qdict_order(keys)) {
+        if (k == "execute" || (k == "exec-oob" && allow_oob)) {
+            if (!req[k].is_string()) {
+                return QmpError{"GenericError", "QMP input member '" + k + "' must be a string"};
+            }
+            if (!exec_key->empty()) {
+                return QmpError{"GenericError", "QMP input member '" + k + "' clashes with '" +
+                                                    *exec_key + "'"};
+            }
+            *exec_key = k;
+        } else if (k == "arguments") {
+            if (!req[k].is_object()) {
+                return QmpError{"GenericError", "QMP input member 'arguments' must be an object"};
+            }
+        } else if (k != "id") {
+            return QmpError{"GenericError", "QMP input member '" + k + "' is unexpected"};
+        }
+    }
+    if (exec_key->empty()) {
+        return QmpError{"GenericError", "QMP input lacks member 'execute'"};
+    }
+    return std::nullopt;
+}
+
+} // namespace
+
+// A request is checked as QEMU's monitor does: its members, then the
+// command's existence, then out-of-band use, then negotiation state, then
+// (in dispatch) the arguments, then the command's own checks.
 json QmpSession::handle(const std::string &text)
 {
     json req = json::parse(text, nullptr, false);
-    json reply;
     if (req.is_discarded()) {
-        reply = error_reply({"GenericError", "JSON parse error, invalid JSON input"});
-    } else if (!req.is_object()) {
-        reply = error_reply({"GenericError", "QMP input must be a JSON object"});
+        return error_reply({"GenericError", "JSON parse error, invalid JSON input"});
+    }
+    if (!req.is_object()) {
+        return error_reply({"GenericError", "QMP input must be a JSON object"});
+    }
+    json reply;
+    std::string exec_key;
+    if (auto e = check_request(text, req, oob_, &exec_key)) {
+        reply = error_reply(*e);
     } else {
-        bool has_id = req.contains("id");
-        const char *cmd_key = req.contains("exec-oob") ? "exec-oob" : "execute";
-        if (!req.contains(cmd_key)) {
-            reply = error_reply({"GenericError", "QMP input lacks member 'execute'"});
-        } else if (!req[cmd_key].is_string()) {
-            reply = error_reply({"GenericError", "QMP input member 'execute' must be a string"});
-        } else if (req.contains("arguments") && !req["arguments"].is_object()) {
-            reply = error_reply(
-                {"GenericError", "QMP input member 'arguments' must be an object"});
+        QmpResult r = run(req[exec_key], exec_key == "exec-oob",
+                          req.value("arguments", json::object()));
+        if (auto *e = std::get_if<QmpError>(&r)) {
+            reply = error_reply(*e);
         } else {
-            std::string name = req[cmd_key];
-            json args = req.value("arguments", json::object());
-            QmpResult r;
-            if (std::string(cmd_key) == "exec-oob") {
-                // No qmigd command runs out of band.
-                r = oob_ ? qmp_error("The command " + name + " does not support OOB")
-                           : qmp_error("QMP input member 'exec-oob' is unexpected");
-            } else if (name == "qmp_capabilities") {
-                r = negotiated_
-                        ? qmp_error("Capabilities negotiation is already complete, command "
-                                    "ignored",
-                                    "CommandNotFound")
-                        : negotiate(args);
-            } else if (!negotiated_) {
-                r = qmp_error("Expecting capabilities negotiation with 'qmp_capabilities'",
-                              "CommandNotFound");
-            } else {
-                r = server_.dispatch(name, args);
-            }
-            if (auto *e = std::get_if<QmpError>(&r)) {
-                reply = error_reply(*e);
-            } else {
-                reply = {{"return", std::get<json>(r)}};
-            }
-        }
-        if (has_id) {
-            reply["id"] = req["id"];
+            reply = {{"return", std::get<json>(r)}};
         }
     }
+    if (req.contains("id")) {
+        reply["id"] = req["id"];
+    }
     return reply;
+}
+
+QmpResult QmpSession::run(const std::string &name, bool oob, const json &args)
+{
+    bool known = name == "qmp_capabilities" || server_.has_command(name);
+    if (!negotiated_ && name != "qmp_capabilities") {
+        // Before negotiation QEMU knows only qmp_capabilities, and turns
+        // its "not found" into this.
+        return qmp_error("Expecting capabilities negotiation with 'qmp_capabilities'",
+                         "CommandNotFound");
+    }
+    if (!known) {
+        return qmp_error("The command " + name + " has not been found", "CommandNotFound");
+    }
+    if (oob) {
+        return qmp_error("The command " + name + " does not support OOB"); // none does here
+    }
+    if (name == "qmp_capabilities") {
+        return negotiated_ ? qmp_error("Capabilities negotiation is already complete, command "
+                                       "ignored",
+                                       "CommandNotFound")
+                           : negotiate(args);
+    }
+    return server_.dispatch(name, args);
 }
 
 QmpResult QmpSession::negotiate(const json &args)

@@ -57,6 +57,7 @@ public:
 
 private:
     json handle(const std::string &text);
+    QmpResult run(const std::string &name, bool oob, const json &args);
     QmpResult negotiate(const json &args);
 
     QmpServer &server_;
@@ -77,6 +78,7 @@ public:
                           std::optional<std::vector<std::string>> members, QmpHandler handler);
     // Runs a command as a QMP client would (used by HMP).
     QmpResult dispatch(const std::string &name, const json &args);
+    bool has_command(const std::string &name) const;
     Status listen(const std::string &path);
     // Sends an event to every client past negotiation.
     void emit_event(const std::string &name, const json &data = nullptr);

@@ -8,9 +8,10 @@ namespace qmigd {
 static_assert(std::endian::native == std::endian::little,
               "the bitmap file is little-endian 64-bit words");
 
-Result<std::unique_ptr<DirtyBitmap>> DirtyBitmap::open(const std::string &path, uint64_t pages)
+Result<std::unique_ptr<DirtyBitmap>> DirtyBitmap::open(const std::string &path, uint64_t pages,
+                                                     SideFileName name)
 {
-    auto file = SharedFile::open(path, dirty_bitmap_bytes(pages), "dirty bitmap");
+    auto file = SharedFile::open(path, dirty_bitmap_bytes(pages), "dirty bitmap", name);
     QMIGD_TRY(file);
     std::unique_ptr<DirtyBitmap> bm(new DirtyBitmap());
     bm->file_ = std::move(*file);

@@ -20,7 +20,8 @@ namespace qmigd {
 class DirtyBitmap {
 public:
     // Opens or creates the bitmap file for `pages` pages.
-    static Result<std::unique_ptr<DirtyBitmap>> open(const std::string &path, uint64_t pages);
+    static Result<std::unique_ptr<DirtyBitmap>> open(const std::string &path, uint64_t pages,
+                                                     SideFileName name = SideFileName::Named);
     ~DirtyBitmap();
     DirtyBitmap(const DirtyBitmap &) = delete;
     DirtyBitmap &operator=(const DirtyBitmap &) = delete;

@@ -10,9 +10,9 @@
 
 namespace qmigd {
 
-Result<std::unique_ptr<GuestControl>> GuestControl::open(const std::string &path)
+Result<std::unique_ptr<GuestControl>> GuestControl::open(const std::string &path, SideFileName name)
 {
-    auto file = SharedFile::open(path, sizeof(GuestControlRecord), "guest control");
+    auto file = SharedFile::open(path, sizeof(GuestControlRecord), "guest control", name);
     QMIGD_TRY(file);
     std::unique_ptr<GuestControl> gc(new GuestControl());
     gc->file_ = std::move(*file);

@@ -33,7 +33,8 @@ constexpr uint32_t kGuestControlMagic = 0x43474d51; // "QMGC" little-endian
 
 class GuestControl {
 public:
-    static Result<std::unique_ptr<GuestControl>> open(const std::string &path);
+    static Result<std::unique_ptr<GuestControl>> open(const std::string &path,
+                                                      SideFileName name = SideFileName::Named);
     ~GuestControl();
 
     // --- source side ---

@@ -12,14 +12,18 @@
 namespace qmigd {
 
 Result<std::unique_ptr<SharedFile>> SharedFile::open(const std::string &path, size_t bytes,
-                                                     const char *what)
+                                                     const char *what, SideFileName name)
 {
     std::unique_ptr<SharedFile> f(new SharedFile());
     f->path_ = path;
     auto fail = [&](const char *step) {
         return Error(fmt::format("cannot {} {} '{}': {}", step, what, path, std::strerror(errno)));
     };
-    f->fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    f->fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    f->remove_at_close_ = f->fd_ >= 0 && name == SideFileName::Derived;
+    if (f->fd_ < 0 && errno == EEXIST) {
+        f->fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    }
     struct stat st;
     if (f->fd_ < 0 || fstat(f->fd_, &st) < 0) {
         return fail("open");
@@ -48,6 +52,12 @@ SharedFile::~SharedFile()
 {
     if (data_) {
         munmap(data_, size_);
+    }
+    // A write lease is granted only while no other process has the file
+    // open (or mapped): then nobody uses what we created, and it can go.
+    if (remove_at_close_ && fcntl(fd_, F_SETLEASE, F_WRLCK) == 0) {
+        unlink(path_.c_str());
+        fcntl(fd_, F_SETLEASE, F_UNLCK);
     }
     if (fd_ >= 0) {
         close(fd_);

@@ -12,11 +12,17 @@
 
 namespace qmigd {
 
+// Whose name a side file has: one the user gave is always kept; one qmigd
+// derived from the image (IMAGE.dirty, IMAGE.ctl) is removed when closed if
+// this process created it and no other process has it open then.
+enum class SideFileName { Named, Derived };
+
 class SharedFile {
 public:
     // `what` names the file in errors ("dirty bitmap", ...).
     static Result<std::unique_ptr<SharedFile>> open(const std::string &path, size_t bytes,
-                                                    const char *what);
+                                                    const char *what,
+                                                    SideFileName name = SideFileName::Named);
     ~SharedFile();
     SharedFile(const SharedFile &) = delete;
     SharedFile &operator=(const SharedFile &) = delete;
@@ -32,6 +38,7 @@ private:
     int fd_ = -1;
     void *data_ = nullptr;
     size_t size_ = 0;
+    bool remove_at_close_ = false;
 };
 
 } // namespace qmigd

@@ -7,7 +7,7 @@ import time
 
 from itest import test, main, check
 from fixtures import images, peers, MiB
-from runner import start_incoming, wait_status, files_equal
+from runner import start_incoming, wait_status, files_equal, Peer, make_image, remove, unique_name
 
 SIZE = 64 * MiB
 PAGES = SIZE // 4096
@@ -53,6 +53,35 @@ def test_redirtied_pages_are_sent_again():
         passes = [e["data"]["pass"] for e in src.qmp.poll_events(0.2) if e["event"] == "MIGRATION_PASS"]
         check(passes == list(range(1, ram["dirty-sync-count"] + 1)), passes)
 
+
+
+@test
+def test_side_files_removed_at_exit_unless_named_or_held():
+    """IMAGE.dirty and IMAGE.ctl that qmigd created under their derived
+    names go at exit; a file the user named, or one another process still
+    has open, stays."""
+    img = f"/dev/shm/{unique_name('side')}.ram"
+    named_dirty, named_ctl = img + ".mine-dirty", img + ".mine-ctl"
+    make_image(img, 4 * MiB, "sparse")
+    try:
+        src = Peer("qmigd", "source", [("mem", img, 4 * MiB)], "side")
+        check(os.path.exists(img + ".dirty") and os.path.exists(img + ".ctl"), "no side files")
+        src.stop()
+        check(not os.path.exists(img + ".dirty"), "derived dirty bitmap left behind")
+        check(not os.path.exists(img + ".ctl"), "derived control record left behind")
+
+        src = Peer("qmigd", "source", [("mem", f"{img},dirty={named_dirty}", 4 * MiB)], "side",
+                   extra=["--control", named_ctl])
+        src.stop()
+        check(os.path.exists(named_dirty) and os.path.exists(named_ctl), "named files removed")
+
+        src = Peer("qmigd", "source", [("mem", img, 4 * MiB)], "side")
+        with open(img + ".dirty", "rb"):  # a guest still holds the bitmap
+            src.stop()
+        check(os.path.exists(img + ".dirty"), "a bitmap another process holds was removed")
+        check(not os.path.exists(img + ".ctl"), "the unused control record stayed")
+    finally:
+        remove(img, named_dirty, named_ctl)
 
 if __name__ == "__main__":
     main()
