@@ -64,10 +64,9 @@ class Side:
                 self.images.append(r["path"])
             self.peer = runner.Peer(spec["launch"], role, ram, f"run-{role}")
             self.qmp = self.peer.qmp
-            self.kind = spec["launch"]
         else:
-            self.qmp = QMP(spec["qmp"])
-            self.kind = "monitor"
+            self.qmp = connect_monitor(spec["qmp"])
+        self.kind = peer_label(self.qmp)
 
     def close(self, keep_images=False):
         if self.peer:
@@ -76,6 +75,50 @@ class Side:
                 runner.remove(*self.images)
         else:
             self.qmp.close()
+
+
+class CannotConnect(Exception):
+    """A monitor that cannot be reached; the message says what to do."""
+
+
+def connect_monitor(path, wait=1.0):
+    """A QMP connection, or CannotConnect within about `wait` seconds."""
+    try:
+        q = QMP(path, timeout=wait)
+    except FileNotFoundError:
+        raise CannotConnect(f"no monitor socket at {path}: start QEMU with -qmp "
+                            f"unix:{path},server=on,wait=off or qmigd with --qmp {path}")
+    except ConnectionRefusedError:
+        raise CannotConnect(f"nothing listens on {path} (a stale socket file? the process "
+                            f"that made it has exited)")
+    except (TimeoutError, OSError) as e:
+        if isinstance(e, TimeoutError) or "timed out" in str(e):
+            raise CannotConnect(f"{path} accepted the connection but sent no QMP greeting "
+                                f"within {wait:g} s: the monitor is busy (QEMU serves one QMP "
+                                f"client at a time; close the other client)")
+        raise CannotConnect(f"cannot connect to {path}: {e}")
+    q.sock.settimeout(30.0)
+    return q
+
+
+def peer_label(qmp):
+    """"QEMU 10.0.2" or "qmigd 0.9 (QEMU 10.0.2)", from query-version."""
+    v = qmp.cmd("query-version")
+    q = v["qemu"]
+    ver = f"{q['major']}.{q['minor']}.{q['micro']}"
+    pkg = v.get("package", "").strip()
+    return f"{pkg} (QEMU {ver})" if pkg.startswith("qmigd") else f"QEMU {ver}"
+
+
+def summary(status, secs, info):
+    """The run's result, one line a script can parse, and the same as JSON."""
+    ram = info.get("ram", {})
+    rate = ram.get("transferred", 0) / secs / (1 << 30) if secs > 0 else 0.0
+    d = {"status": status, "seconds": round(secs, 3), "downtime-ms": info.get("downtime"),
+         "gib-per-second": round(rate, 3), "normal": ram.get("normal"),
+         "zero": ram.get("duplicate")}
+    line = " ".join(f"{k}={v}" for k, v in d.items())
+    return "result: " + line, d
 
 
 def configure(side, caps, params):
@@ -176,6 +219,8 @@ def run(scn, out=sys.stdout):
         bar.done()
         if info["status"] != "completed":
             print(f"source: migration {info['status']}: {info.get('error-desc', '')}", file=out)
+            line, d = summary(info["status"], time.monotonic() - t0, info)
+            print(json.dumps(d) if scn.get("json") else line, file=out, flush=True)
             return 1
         end = time.monotonic() + 60
         while True:
@@ -183,13 +228,15 @@ def run(scn, out=sys.stdout):
             if dinfo.get("status") in ("completed", "failed") or time.monotonic() > end:
                 break
             time.sleep(0.05)
-        print(f"completed in {time.monotonic() - t0:.2f} s", file=out)
+        secs = time.monotonic() - t0
+        print(f"completed in {secs:.2f} s", file=out)
         for name, side in (("source", src), ("destination", dst)):
             print(f"=== {name} ({side.kind}): info migrate ===", file=out)
             print(side.qmp.hmp("info migrate").replace("\r\n", "\n"), file=out)
-        if dinfo.get("status") != "completed":
-            return 1
-        return verify(scn, src, dst, out)
+        rc = verify(scn, src, dst, out) if dinfo.get("status") == "completed" else 1
+        line, d = summary(dinfo.get("status") if rc == 0 else "failed", secs, info)
+        print(json.dumps(d) if scn.get("json") else line, file=out, flush=True)
+        return rc
     finally:
         if guest:
             guest.terminate()
@@ -233,6 +280,7 @@ def run_main(argv):
                     help="a migration parameter for both sides")
     ap.add_argument("--verify", action="append", default=[], metavar="SRC_IMG:DST_IMG")
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--json", action="store_true", help="the last line as JSON, not key=value")
     a = ap.parse_args(argv)
     if a.scenario:
         with open(a.scenario) as f:
@@ -263,4 +311,9 @@ def run_main(argv):
     if a.uri != "tcp:127.0.0.1:0" or "uri" not in scn:
         scn["uri"] = a.uri
     scn.setdefault("timeout", a.timeout)
-    return run(scn)
+    scn["json"] = scn.get("json", False) or a.json
+    try:
+        return run(scn)
+    except CannotConnect as e:
+        print(f"qmig: {e}", file=sys.stderr)
+        return 3

@@ -351,6 +351,14 @@ def qmig_run_pair(src_kind, dst_kind):
             check("identical" in out.stdout and "Migration status: completed" in out.stdout,
                   out.stdout)
             check(out.stdout.count("active ") >= 1, "no progress lines:\n" + out.stdout)
+            label = {"qemu": "QEMU 10.0.2", "qmigd": "qmigd"}
+            check(f"migrating {label[src_kind]}" in out.stdout
+                  and f"-> {label[dst_kind]}" in out.stdout, out.stdout)
+            last = out.stdout.strip().splitlines()[-1]
+            fields = dict(kv.split("=", 1) for kv in last.split()[1:])
+            check(last.startswith("result: ") and fields["status"] == "completed"
+                  and float(fields["seconds"]) > 0 and int(fields["normal"]) > 0
+                  and int(fields["zero"]) > 0, last)
         finally:
             os.unlink(path)
             remove(f"/dev/shm/{tag}-s.ram", f"/dev/shm/{tag}-d.ram")
@@ -379,8 +387,50 @@ def test_qmig_command_line():
         out = subprocess.run(qmig + ["migrate-set-parameters", "multifd-channels=0"],
                              capture_output=True, text=True)
         check(out.returncode == 1 and "GenericError" in out.stderr, out.stderr)
+        out = subprocess.run(qmig[:2] + [p.qmp_path], capture_output=True, text=True)
+        check(out.returncode == 2 and "qmig:" in out.stderr, out.stderr)
+        out = subprocess.run(qmig + ["query-status", "noequals"], capture_output=True, text=True)
+        check(out.returncode == 2 and "NAME=VALUE" in out.stderr, out.stderr)
     finally:
         p.stop()
+        remove(img)
+
+
+def timed_qmig(args):
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "qmig")] + args,
+                         capture_output=True, text=True, timeout=30)
+    return out, time.monotonic() - t0
+
+
+@test
+def test_qmig_cannot_connect_fails_fast_and_says_why():
+    missing = f"/tmp/{unique_name('nosock')}.qmp"
+    out, secs = timed_qmig([missing, "query-status"])
+    check(out.returncode == 3 and missing in out.stderr and "Traceback" not in out.stderr,
+          out.stderr)
+    check(secs < 5, f"took {secs:.1f} s")
+    # A socket file nobody listens on.
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(missing)
+    stale.close()
+    try:
+        out, secs = timed_qmig([missing, "query-status"])
+        check(out.returncode == 3 and "nothing listens" in out.stderr, out.stderr)
+        out, secs = timed_qmig(["run", "--src", missing, "--dst", missing])
+        check(out.returncode == 3 and missing in out.stderr and "Traceback" not in out.stderr,
+              out.stderr)
+    finally:
+        os.unlink(missing)
+    # A QEMU monitor that another client holds.
+    img = f"/dev/shm/{unique_name('busy')}.ram"
+    q = Peer("qemu", "source", [("mem", img, SIZE)], "busy")
+    try:
+        out, secs = timed_qmig([q.qmp_path, "query-status"])
+        check(out.returncode == 3 and "busy" in out.stderr, out.stderr)
+        check(secs < 5, f"took {secs:.1f} s")
+    finally:
+        q.stop()
         remove(img)
 
 
