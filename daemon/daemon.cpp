@@ -168,9 +168,9 @@ void Daemon::register_migration_commands()
     QmpServer &q = *qmp_;
     using Members = std::vector<std::string>;
     const Members none;
-    q.register_command("migrate", Members{"uri", "channels", "detach", "resume"},
+    q.register_command("migrate", Members{"*uri", "*channels", "*detach", "*resume"},
                        [this](const json &a) { return cmd_migrate(a); });
-    q.register_command("migrate-incoming", Members{"uri", "channels", "exit-on-error"},
+    q.register_command("migrate-incoming", Members{"*uri", "*channels", "*exit-on-error"},
                        [this](const json &a) { return cmd_migrate_incoming(a); });
     q.register_command("migrate_cancel", none, [this](const json &) -> QmpResult {
         if (outgoing_) {

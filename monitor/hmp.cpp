@@ -367,7 +367,7 @@ std::string run_hmp(QmpServer &server, const std::string &line)
 
 void hmp_register(QmpServer &server)
 {
-    server.register_command("human-monitor-command", {{"command-line", "cpu-index"}},
+    server.register_command("human-monitor-command", {{"command-line", "*cpu-index"}},
                             [&server](const json &args) -> QmpResult {
         if (!args.contains("command-line")) {
             return qmp_error("Parameter 'command-line' is missing");

@@ -49,10 +49,18 @@ struct QmpServer::Client {
 };
 
 std::optional<QmpError> qmp_check_members(const json &args,
-                                          const std::vector<std::string> &allowed)
+                                          const std::vector<std::string> &members)
 {
+    std::vector<std::string> names;
+    for (const auto &m : members) {
+        bool optional = !m.empty() && m[0] == '*';
+        names.push_back(optional ? m.substr(1) : m);
+        if (!optional && !args.contains(m)) {
+            return QmpError{"GenericError", "Parameter '" + m + "' is missing"};
+        }
+    }
     for (auto it = args.begin(); it != args.end(); ++it) {
-        if (std::find(allowed.begin(), allowed.end(), it.key()) == allowed.end()) {
+        if (std::find(names.begin(), names.end(), it.key()) == names.end()) {
             return QmpError{"GenericError", "Parameter '" + it.key() + "' is unexpected"};
         }
     }
@@ -284,6 +292,9 @@ QmpResult QmpSession::run(const std::string &name, bool oob, const json &args)
         return qmp_error("The command " + name + " does not support OOB"); // none does here
     }
     if (name == "qmp_capabilities") {
+        if (auto e = qmp_check_members(args, {"*enable"})) {
+            return *e; // arguments first, as QEMU's generated marshaller
+        }
         return negotiated_ ? qmp_error("Capabilities negotiation is already complete, command "
                                        "ignored",
                                        "CommandNotFound")
@@ -294,7 +305,7 @@ QmpResult QmpSession::run(const std::string &name, bool oob, const json &args)
 
 QmpResult QmpSession::negotiate(const json &args)
 {
-    if (auto e = qmp_check_members(args, {"enable"})) {
+    if (auto e = qmp_check_members(args, {"*enable"})) {
         return *e;
     }
     json enable = args.value("enable", json::array());

@@ -71,9 +71,11 @@ public:
     explicit QmpServer(uv_loop_t *loop);
     ~QmpServer();
 
-    // `members`: the arguments the command takes; any other is refused with
-    // QEMU's "Parameter 'x' is unexpected" before the handler runs.
-    // std::nullopt: the handler validates its arguments itself.
+    // `members`: the arguments the command takes, in QAPI's notation
+    // ("*name" optional, "name" required). Before the handler runs, as
+    // QEMU's input visitor: a missing required one is refused ("Parameter
+    // 'x' is missing"), then any other member ("Parameter 'x' is
+    // unexpected"). std::nullopt: the handler validates its arguments itself.
     void register_command(const std::string &name,
                           std::optional<std::vector<std::string>> members, QmpHandler handler);
     // Runs a command as a QMP client would (used by HMP).

@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from runner import Peer, make_image, migrate, files_equal, remove, unique_name, QMIGD  # noqa: E402
 from backing import backing_dir, Unavailable  # noqa: E402
 
+CELL_SIZE = {}  # cell -> image bytes (a grid mixes 4 GiB and 2 GiB cells)
 PAIRS = [("qemu", "qemu"), ("qmigd", "qmigd"), ("qemu", "qmigd"), ("qmigd", "qemu")]
 NAMES = {"qemu": "QEMU", "qmigd": "qmigd"}
 GRID_4K = dict(backing=["shm"], size="4G", content=["zero", "random", "mixed", "text"],
@@ -148,6 +149,7 @@ def run_backing(backing, size, args, results, limits):
                                 run = one_run(pair, src_img, size, cell,
                                               args.verify == "all" or r == 0)
                                 results.setdefault(cell, {}).setdefault(pair, []).append(run)
+                                CELL_SIZE[cell] = size
                                 print(f"  {fmt_cell(cell)} run {r + 1} {NAMES[pair[0]]:>5} -> "
                                       f"{NAMES[pair[1]]:<5} {run['secs']:7.3f} s  cpu "
                                       f"{run['cpu']:7.3f} s  identical {run['ok']}", flush=True)
@@ -164,6 +166,25 @@ def fmt_cell(cell):
     return f"{backing} {content} {'mf' + str(ch) if ch else 'plain'} {zpd}"
 
 
+def machine_bound(cell, runs, size, limits):
+    """A lower bound on qmigd -> qmigd's time from this machine's limits:
+    the page data must cross loopback TCP (wire time at the 4-stream rate),
+    and on 2 cores the CPU work no migration can skip -- TCP's CPU per byte,
+    the zero check of every page, and storing each data page (pwrite's rate
+    on 4 KiB backings; on huge pages the copy is TCP's own) -- is shared by
+    the cores. Returns seconds, or None without limits."""
+    lim = limits.get(cell[0])
+    if not lim or lim.get("tcp_loopback_gbps", 0) <= 0:
+        return None
+    data = median(runs, "normal") * 4096
+    wire = data / (lim["tcp_loopback_gbps"] * 1e9)
+    store = data / (lim["pwrite_gbps"] * 1e9) if lim.get("pwrite_gbps", -1) > 0 and \
+        cell[0] == "shm" else 0.0
+    cpu = (data / (1 << 30) * lim["tcp_cpu_s_per_gib"] + size / (lim["zero_scan_gbps"] * 1e9)
+           + store)
+    return max(wire, cpu / lim.get("cores", 2))
+
+
 def limit_share(cell, runs, size, limits):
     """qmigd -> qmigd page data rate as a % of loopback TCP on this machine."""
     lim = limits.get(cell[0])
@@ -173,11 +194,17 @@ def limit_share(cell, runs, size, limits):
     return f"{100 * rate / lim['tcp_loopback_gbps']:.0f}%"
 
 
+def bound_text(cell, ours, size, limits):
+    size = CELL_SIZE.get(cell, size)
+    b = machine_bound(cell, ours, size, limits) if ours else None
+    return f"{b:.2f} ({median(ours, 'secs') / b:.2f}x)" if b else ""
+
+
 def table(results, size, limits):
     head = ("| cell | QEMU→QEMU s (CPU s) | qmigd→qmigd s (CPU s) | ratio time / CPU "
             "| QEMU→qmigd s (ratio) | qmigd→QEMU s (ratio) | qmigd peak RSS / private MiB "
-            "(src, dst) | data rate % of loopback TCP |")
-    lines = [head, "|" + "---|" * 8]
+            "(src, dst) | data rate % of loopback TCP | machine bound s (qmigd / bound) |")
+    lines = [head, "|" + "---|" * 9]
     for cell, per in results.items():
         base = per.get(("qemu", "qemu"))
         bt, bc = (median(base, "secs"), median(base, "cpu")) if base else (None, None)
@@ -200,7 +227,8 @@ def table(results, size, limits):
         lines.append(f"| {fmt_cell(cell)} | {cellfmt(('qemu', 'qemu'), True)} "
                      f"| {cellfmt(('qmigd', 'qmigd'), True)} | {ratio} "
                      f"| {cellfmt(('qemu', 'qmigd'))} | {cellfmt(('qmigd', 'qemu'))} | {mem} "
-                     f"| {limit_share(cell, ours, size, limits) if ours else ''} |")
+                     f"| {limit_share(cell, ours, size, limits) if ours else ''} "
+                     f"| {bound_text(cell, ours, size, limits)} |")
     return "\n".join(lines)
 
 
@@ -250,7 +278,19 @@ def main():
     ap.add_argument("--out", help="write the markdown table here")
     ap.add_argument("--json", help="write all runs here")
     ap.add_argument("--plot", help="write a PNG chart here")
+    ap.add_argument("--from-json", help="only print the table of an earlier --json file")
     args = ap.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        results = {}
+        for r in saved["runs"]:
+            cell = tuple(r["cell"])
+            results.setdefault(cell, {})[tuple(r["pair"])] = r["runs"]
+            CELL_SIZE[cell] = r.get("size") or parse_size(
+                GRID_4K["size"] if cell[0] == "shm" else GRID_HUGE["size"])
+        print(table(results, 0, saved["limits"]))
+        return
     args.pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
     groups = []
     if args.grid:
@@ -278,7 +318,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"limits": limits, "runs": [
-                {"cell": list(c), "pair": list(p), "runs": r}
+                {"cell": list(c), "pair": list(p), "size": CELL_SIZE.get(c), "runs": r}
                 for c, per in results.items() for p, r in per.items()]}, f, indent=1)
     if args.plot:
         plot(results, args.plot)

@@ -140,6 +140,19 @@ for _v in ("0", "101", "-5", "abc", "0x20", "50"):
         "command-line": f"migrate_set_parameter throttle-trigger-threshold {_v}"}}), "value"))
 SCRIPT.append(('{"execute": "query-migrate-parameters"}', "value"))
 
+# Every command qmigd has, with an unexpected argument and with arguments
+# of the wrong type: the same refusal as QEMU's, in both roles.
+COMMANDS = ["qmp_capabilities", "query-version", "query-commands", "query-status", "stop", "cont",
+            "quit", "migrate-set-capabilities", "query-migrate-capabilities",
+            "migrate-set-parameters", "query-migrate-parameters", "migrate", "migrate-incoming",
+            "migrate_cancel", "query-migrate", "human-monitor-command"]
+BAD_ARGS = []
+for _c in COMMANDS:
+    BAD_ARGS.append((json.dumps({"execute": _c, "arguments": {"bogus-arg": 1}}), "desc"))
+    BAD_ARGS.append((json.dumps({"execute": _c, "arguments": "x"}), "desc"))
+    BAD_ARGS.append((json.dumps({"execute": _c, "id": [1, {"a": None}], "extra": 1}), "desc"))
+SCRIPT += BAD_ARGS
+
 DEST_SCRIPT = [
     ('{"execute": "query-status"}', "value"),
     ('{"execute": "migrate", "arguments": {"uri": "bogus:1"}}', "desc"),
@@ -156,7 +169,7 @@ DEST_SCRIPT = [
     ('{"execute": "migrate-incoming", "arguments": {"uri": "tcp:127.0.0.1:0"}}', "desc"),
     ('{"execute": "migrate-set-capabilities", "arguments": {"capabilities": [{"capability": "multifd", "state": true}]}}', "desc"),
     ('{"execute": "cont"}', "shape"),
-]
+] + BAD_ARGS
 
 
 def run_script(path, script):
