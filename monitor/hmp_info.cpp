@@ -25,8 +25,6 @@ void ram_lines(std::string &s, const json &ram)
     s += fmt::format("remaining ram: {} kbytes\r\n", u(ram, "remaining") >> 10);
     s += fmt::format("total ram: {} kbytes\r\n", u(ram, "total") >> 10);
     s += fmt::format("duplicate: {} pages\r\n", u(ram, "duplicate"));
-    s += fmt::format("zero: {} pages\r\n", u(ram, "zero"));
-    s += fmt::format("zero bytes: {} kbytes\r\n", u(ram, "zero-bytes") >> 10);
     s += fmt::format("normal: {} pages\r\n", u(ram, "normal"));
     s += fmt::format("normal bytes: {} kbytes\r\n", u(ram, "normal-bytes") >> 10);
     s += fmt::format("dirty sync count: {}\r\n", u(ram, "dirty-sync-count"));

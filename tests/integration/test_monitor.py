@@ -409,6 +409,27 @@ def test_qmig_command_line():
         remove(img)
 
 
+def info_migrate_after(src_kind, dst_kind):
+    """Both sides' `info migrate` after one completed migration, with the
+    numbers that depend on timing masked."""
+    import re
+    from runner import migrate
+    with images(SIZE, "mixed") as imgs, peers(src_kind, dst_kind, imgs) as (src, dst):
+        migrate(src, dst, True, 2, "multifd")
+        mask = lambda t: re.sub(r"[0-9]+(\.[0-9]+)?", "N", t)
+        return [mask(p.qmp.hmp("info migrate")) for p in (src, dst)]
+
+
+@test
+def test_info_migrate_after_a_migration_matches_qemu():
+    q_src, q_dst = info_migrate_after("qemu", "qemu")
+    o_src, o_dst = info_migrate_after("qmigd", "qmigd")
+    check(o_src == q_src, f"source:\nQEMU:\n{q_src}\nqmigd:\n{o_src}")
+    # The destination adds its `received` lines (documented).
+    o_dst = "".join(l for l in o_dst.splitlines(True) if not l.startswith("received "))
+    check(o_dst == q_dst, f"destination:\nQEMU:\n{q_dst}\nqmigd:\n{o_dst}")
+
+
 def timed_qmig(args):
     t0 = time.monotonic()
     out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "qmig")] + args,

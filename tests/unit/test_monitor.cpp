@@ -128,7 +128,9 @@ TEST_CASE("info migrate text follows QEMU's layout", "[hmp]")
                  "setup: 1 ms\r\ntransferred ram: 41243 kbytes\r\nthroughput: 830.15 mbps\r\n") !=
           std::string::npos);
     CHECK(s.find("duplicate: 6118 pages\r\n") != std::string::npos);
-    CHECK(s.find("zero: 6118 pages\r\n") != std::string::npos);
+    // zero and zero-bytes are qmigd's additions to query-migrate only: QEMU 10
+    // prints no such lines.
+    CHECK(s.find("duplicate: 6118 pages\r\nnormal: 10266 pages\r\n") != std::string::npos);
     CHECK(s.find("precopy ram: 0 kbytes\r\n") != std::string::npos);
     CHECK(s.find("downtime ram") == std::string::npos);
     json failed = {{"status", "failed"}, {"error-desc", "boom"}};
