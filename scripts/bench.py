@@ -172,14 +172,18 @@ def machine_bound(cell, runs, size, limits):
     and on 2 cores the CPU work no migration can skip -- TCP's CPU per byte,
     the zero check of every page, and storing each data page (pwrite's rate
     on 4 KiB backings; on huge pages the copy is TCP's own) -- is shared by
-    the cores. Returns seconds, or None without limits."""
+    the cores. On huge pages the destination's page allocation (a fault
+    that clears 2 MiB, `fault_ns_per_page` per 4 KiB of it) is part of the
+    work too. Returns seconds, or None without limits."""
     lim = limits.get(cell[0])
     if not lim or lim.get("tcp_loopback_gbps", 0) <= 0:
         return None
     data = median(runs, "normal") * 4096
     wire = data / (lim["tcp_loopback_gbps"] * 1e9)
-    store = data / (lim["pwrite_gbps"] * 1e9) if lim.get("pwrite_gbps", -1) > 0 and \
-        cell[0] == "shm" else 0.0
+    if cell[0] == "shm":
+        store = data / (lim["pwrite_gbps"] * 1e9)
+    else:
+        store = data / 4096 * lim["fault_ns_per_page"] / 1e9
     cpu = (data / (1 << 30) * lim["tcp_cpu_s_per_gib"] + size / (lim["zero_scan_gbps"] * 1e9)
            + store)
     return max(wire, cpu / lim.get("cores", 2))
