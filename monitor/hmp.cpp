@@ -148,10 +148,11 @@ std::string usage_error(const std::string &name, const std::string &help_topic,
     return name + ": " + what + "\r\nTry \"help " + help_topic + "\" for more information\r\n";
 }
 
-bool known_name(const json &list, const std::string &name, const char *key)
+// Whether query-migrate-capabilities lists capability `name`.
+bool known_capability(const json &caps, const std::string &name)
 {
-    for (const auto &item : list) {
-        if (key ? item.value(key, "") == name : false) {
+    for (const auto &c : caps) {
+        if (c.value("capability", "") == name) {
             return true;
         }
     }
@@ -175,7 +176,7 @@ std::string set_parameter(const HmpCall &c)
 std::string set_capability(const HmpCall &c)
 {
     json caps = std::get<json>(query(c.server, "query-migrate-capabilities"));
-    if (!known_name(caps, c.args[0], "capability")) {
+    if (!known_capability(caps, c.args[0])) {
         return "Error: invalid parameter value: " + c.args[0] + "\r\n";
     }
     json one = {{"capability", c.args[0]}, {"state", c.args[1] == "on"}};
@@ -360,8 +361,7 @@ std::string run_hmp(QmpServer &server, const std::string &line)
     if (!cmd) {
         return "unknown command: '" + w[0] + "'\r\n";
     }
-    std::string topic = w[0];
-    return invoke(*cmd, server, {w.begin() + 1, w.end()}, topic);
+    return invoke(*cmd, server, {w.begin() + 1, w.end()}, w[0]);
 }
 } // namespace
 
