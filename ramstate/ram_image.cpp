@@ -297,6 +297,10 @@ Status RamImage::commit_pages(const uint64_t *offsets, uint32_t n, const uint8_t
         return {}; // received in place
     }
     auto all = [](uint32_t) { return true; };
+    // pwrite serialises on the inode lock anyway; queueing here instead
+    // lets the waiting receive threads sleep rather than spin in the kernel
+    // (rwsem_spin_on_owner, a fifth of the CPU with 4 channels).
+    std::lock_guard<std::mutex> lk(pwrite_mu_);
     return for_each_run(offsets, n, all, [&](uint32_t i, uint32_t run) {
         return write(offsets[i], buf + size_t(i) * TARGET_PAGE_SIZE, size_t(run) * TARGET_PAGE_SIZE);
     });

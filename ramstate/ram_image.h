@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <sys/uio.h>
 #include <vector>
@@ -102,6 +103,8 @@ private:
     // madvise calls were a quarter of a hugetlbfs receiver's CPU). Atomic
     // fetch_or from any thread; a race costs one redundant madvise.
     mutable std::vector<uint64_t> populated_[2];
+    // Held by a receive thread across its pwrites of one packet (File path).
+    std::mutex pwrite_mu_;
 };
 
 } // namespace qmigd
