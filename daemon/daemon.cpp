@@ -332,11 +332,8 @@ Status Daemon::start()
         incoming_ = std::make_unique<IncomingMigration>(&loop_, *dispatcher_, blocks_, on_status);
     } else {
         const RamImage &first = *blocks_.front().image;
-        std::string ctl = opts_.control_path.empty()
-                              ? side_file_path(first.path(), first.backing(), ".ctl")
-                              : opts_.control_path;
-        auto gc = GuestControl::open(ctl, opts_.control_path.empty() ? SideFileName::Derived
-                                                                      : SideFileName::Named);
+        SideFile ctl = side_file(opts_.control_path, first.path(), first.backing(), ".ctl");
+        auto gc = GuestControl::open(ctl.path, ctl.name);
         QMIGD_TRY(gc);
         guest_ = std::move(*gc);
         outgoing_ = std::make_unique<OutgoingMigration>(&loop_, *dispatcher_, blocks_,

@@ -78,11 +78,8 @@ Status run_guest(const GuestOptions &opts)
     auto blocks = ram_blocks_open(opts.ram_specs, true, PagePathMode::File);
     QMIGD_TRY(blocks);
     const RamImage &first = *blocks->front().image;
-    std::string ctl = opts.control_path.empty()
-                          ? side_file_path(first.path(), first.backing(), ".ctl")
-                                                : opts.control_path;
-    auto control = GuestControl::open(ctl, opts.control_path.empty() ? SideFileName::Derived
-                                                                      : SideFileName::Named);
+    SideFile ctl = side_file(opts.control_path, first.path(), first.backing(), ".ctl");
+    auto control = GuestControl::open(ctl.path, ctl.name);
     QMIGD_TRY(control);
     GuestControl &gc = **control;
 
@@ -96,7 +93,7 @@ Status run_guest(const GuestOptions &opts)
     std::signal(SIGTERM, [](int) { g_stop = true; });
     std::signal(SIGINT, [](int) { g_stop = true; });
     gc.attach();
-    spdlog::info("guest: {} pages/s over {} pages, control {}", opts.rate, total, ctl);
+    spdlog::info("guest: {} pages/s over {} pages, control {}", opts.rate, total, ctl.path);
 
     using Clock = std::chrono::steady_clock;
     auto start = Clock::now();

@@ -92,17 +92,12 @@ Result<RAMBlock> ram_block_open(const RamBlockSpec &spec, bool with_dirty_bitmap
     spdlog::info("RAM block '{}': {} on {}; page path {}", spec.name, spec.path,
                  b.image->backing().name(), paths.why);
     if (with_dirty_bitmap) {
-        std::string dirty = spec.dirty_path;
-        if (dirty.empty()) {
-            dirty = side_file_path(spec.path, b.image->backing(), ".dirty");
-            if (dirty != spec.path + ".dirty") {
-                spdlog::info("RAM block '{}': dirty bitmap in {} ({} holds no small files)",
-                             spec.name, dirty, b.image->backing().name());
-            }
+        SideFile dirty = side_file(spec.dirty_path, spec.path, b.image->backing(), ".dirty");
+        if (dirty.name == SideFileName::Derived && dirty.path != spec.path + ".dirty") {
+            spdlog::info("RAM block '{}': dirty bitmap in {} ({} holds no small files)",
+                         spec.name, dirty.path, b.image->backing().name());
         }
-        auto bm = DirtyBitmap::open(dirty, b.image->pages(),
-                                    spec.dirty_path.empty() ? SideFileName::Derived
-                                                            : SideFileName::Named);
+        auto bm = DirtyBitmap::open(dirty.path, b.image->pages(), dirty.name);
         QMIGD_TRY(bm);
         b.dirty = std::move(*bm);
     }

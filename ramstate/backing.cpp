@@ -97,4 +97,13 @@ std::string side_file_path(const std::string &image, const Backing &b, const cha
     return "/dev/shm/qmigd" + name + suffix;
 }
 
+SideFile side_file(const std::string &named, const std::string &image, const Backing &b,
+                   const char *suffix)
+{
+    if (!named.empty()) {
+        return {named, SideFileName::Named};
+    }
+    return {side_file_path(image, b, suffix), SideFileName::Derived};
+}
+
 } // namespace qmigd

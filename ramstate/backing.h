@@ -7,6 +7,7 @@
 #include <string>
 
 #include "protocol/error.h"
+#include "ramstate/shared_file.h"
 
 namespace qmigd {
 
@@ -39,5 +40,15 @@ Result<Backing> backing_of(int fd, const std::string &path);
 // small files; on hugetlbfs (whole huge pages only) in /dev/shm, under a
 // name derived from the image's path.
 std::string side_file_path(const std::string &image, const Backing &b, const char *suffix);
+
+// A side file as the user asked for it: `named` when given, else the
+// derived path above; `name` says which (a derived one may be removed at
+// exit, shared_file.h).
+struct SideFile {
+    std::string path;
+    SideFileName name;
+};
+SideFile side_file(const std::string &named, const std::string &image, const Backing &b,
+                   const char *suffix);
 
 } // namespace qmigd

@@ -141,11 +141,10 @@ Status RamImage::populate(uint64_t offset, size_t len, bool write) const
     uint64_t start = offset / g * g;
     uint64_t end = std::min(size_, (offset + len + g - 1) / g * g);
     auto &done = populated_[write];
-    auto word = [&](uint64_t i) { return std::atomic_ref<uint64_t>(done[i / 64]); };
     uint64_t first = start / g, last = (end + g - 1) / g; // backing pages [first, last)
     if (!done.empty()) {
         uint64_t i = first;
-        while (i < last && (word(i).load(std::memory_order_relaxed) >> (i % 64)) & 1) {
+        while (i < last && (word_ref(done, i).load(std::memory_order_relaxed) >> (i % 64)) & 1) {
             i++;
         }
         if (i == last) {
@@ -154,10 +153,10 @@ Status RamImage::populate(uint64_t offset, size_t len, bool write) const
     }
     if (madvise(base_ + start, end - start, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0) {
         for (uint64_t i = first; !done.empty() && i < last; i++) {
-            word(i).fetch_or(uint64_t(1) << (i % 64), std::memory_order_relaxed);
-            if (write) {
-                std::atomic_ref<uint64_t>(populated_[0][i / 64])
-                    .fetch_or(uint64_t(1) << (i % 64), std::memory_order_relaxed);
+            word_ref(done, i).fetch_or(uint64_t(1) << (i % 64), std::memory_order_relaxed);
+            if (write) { // writable implies readable
+                word_ref(populated_[0], i).fetch_or(uint64_t(1) << (i % 64),
+                                                    std::memory_order_relaxed);
             }
         }
         return {};
