@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "daemon/socket_io.h"
+#include "daemon/thread_name.h"
 #include "protocol/multifd_packet.h"
 #include "protocol/wire.h"
 
@@ -251,7 +252,10 @@ void IncomingMigration::maybe_start()
     set_status(MigrationStatus::Active);
     spdlog::info("incoming migration: main channel and {} multifd channels connected",
                  multifd_.size());
-    load_thread_ = std::thread([this] { load_thread_main(); });
+    load_thread_ = std::thread([this] {
+        set_thread_name("mig/dst/main");
+        load_thread_main();
+    });
 }
 
 void IncomingMigration::abort_with(const Error &err)
@@ -331,7 +335,10 @@ void IncomingMigration::recv_thread_main(size_t id)
 void IncomingMigration::load_thread_main()
 {
     for (size_t i = 0; i < multifd_.size(); i++) {
-        recv_threads_.emplace_back([this, i] { recv_thread_main(i); });
+        recv_threads_.emplace_back([this, i] {
+            set_thread_name("mig/dst/recv_" + std::to_string(i));
+            recv_thread_main(i);
+        });
     }
     FdInputStream in(main_->fd, main_->prefix);
     QEMUFileReader f(in, 256 * 1024);

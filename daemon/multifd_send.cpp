@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "daemon/socket_io.h"
+#include "daemon/thread_name.h"
 #include "protocol/multifd_packet.h"
 #include "ramstate/zero_page.h"
 
@@ -39,7 +40,10 @@ void MultiFDSend::start()
 {
     for (auto &ch : channels_) {
         Channel *c = ch.get();
-        c->thread = std::thread([this, c] { channel_main(*c); });
+        c->thread = std::thread([this, c] {
+            set_thread_name("mig/src/send_" + std::to_string(c->id));
+            channel_main(*c);
+        });
     }
 }
 

@@ -9,6 +9,7 @@
 #include "daemon/multifd_send.h"
 #include "daemon/qemu_file_writer.h"
 #include "daemon/socket_io.h"
+#include "daemon/thread_name.h"
 #include "protocol/savevm.h"
 #include "ramstate/zero_page.h"
 
@@ -556,6 +557,7 @@ void OutgoingMigration::on_connected(Result<std::vector<int>> fds)
         fds_ = *fds;
     }
     thread_ = std::thread([this, fds = *fds] {
+        set_thread_name("mig/src/main");
         std::optional<Error> err;
         {
             Runner r(*this, fds);
