@@ -1,5 +1,6 @@
 #include "daemon/daemon.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "monitor/hmp.h"
@@ -76,19 +77,58 @@ json Daemon::query_status() const
     return {{"status", runstate_}, {"running", runstate_ == "running"}};
 }
 
-// QEMU's order: argument types, then the URI, then the state
+namespace {
+
+// What QEMU's QAPI visitor checks of migrate's and migrate-incoming's
+// arguments before the command runs, in its order.
+std::optional<QmpError> check_migrate_args(const json &args,
+                                           std::initializer_list<const char *> flags)
+{
+    if (args.contains("uri") && !args["uri"].is_string()) {
+        return QmpError{"GenericError", "Invalid parameter type for 'uri', expected: string"};
+    }
+    if (args.contains("channels")) {
+        if (auto e = qapi_check(args["channels"], migration_channel_list_type(), "channels",
+                                "channels")) {
+            return e;
+        }
+    }
+    for (const char *name : flags) {
+        if (args.contains(name) && !args[name].is_boolean()) {
+            return QmpError{"GenericError", fmt::format("Invalid parameter type for '{}', "
+                                                        "expected: boolean", name)};
+        }
+    }
+    return std::nullopt;
+}
+
+// The address of a migrate or migrate-incoming: `uri` or `channels`
+// (an empty list counts as none), with QEMU's errors.
+Result<MigrationAddress> migrate_address(const json &args, bool incoming)
+{
+    bool has_channels = args.contains("channels") && !args["channels"].empty();
+    if (args.contains("uri") == has_channels) {
+        return Error("need either 'uri' or 'channels' argument");
+    }
+    return has_channels ? migration_channels_address(args["channels"], incoming)
+                        : parse_migration_uri(args["uri"]);
+}
+
+} // namespace
+
+// QEMU's order: argument types, then the address, then the state
 // (migrate_prepare).
 QmpResult Daemon::cmd_migrate(const json &args)
 {
-    if (args.contains("uri") && !args["uri"].is_string()) {
-        return qmp_error("Invalid parameter type for 'uri', expected: string");
+    if (auto e = check_migrate_args(args, {"detach", "resume"})) {
+        return *e;
     }
-    if (!args.contains("uri")) {
-        return qmp_error("need either 'uri' or 'channels' argument");
-    }
-    auto addr = parse_tcp_uri(args["uri"]);
+    auto addr = migrate_address(args, false);
     if (!addr) {
         return qmp_error(addr.error().message());
+    }
+    if (auto st = check_transport_for_multifd(*addr, config_.capability("multifd")); !st) {
+        return qmp_error(st.error().message());
     }
     // A destination's own outgoing state is never running: QEMU's next
     // check, the run state, is what it reports.
@@ -122,14 +162,13 @@ QmpResult Daemon::cmd_migrate(const json &args)
     return json::object();
 }
 
-QmpResult Daemon::start_incoming(const std::string &uri)
+QmpResult Daemon::start_incoming(const Result<MigrationAddress> &addr)
 {
-    if (migration_is_running(migration_status())) {
-        return qmp_error("The incoming migration has already been started");
-    }
-    auto addr = parse_tcp_uri(uri);
     if (!addr) {
         return qmp_error(addr.error().message());
+    }
+    if (auto st = check_transport_for_multifd(*addr, config_.capability("multifd")); !st) {
+        return qmp_error(st.error().message());
     }
     IncomingParams p;
     p.multifd = config_.capability("multifd");
@@ -144,23 +183,21 @@ QmpResult Daemon::start_incoming(const std::string &uri)
     return json::object();
 }
 
+// QEMU's qmp_migrate_incoming: argument types, started already, the role,
+// then the address. exit-on-error is accepted, but qmigd never exits on a
+// failed load: it reports `failed` and stays ready for the next one.
 QmpResult Daemon::cmd_migrate_incoming(const json &args)
 {
+    if (auto e = check_migrate_args(args, {"exit-on-error"})) {
+        return *e;
+    }
+    if (incoming_ && migration_is_running(incoming_->status())) {
+        return qmp_error("The incoming migration has already been started");
+    }
     if (opts_.role == Role::Source) {
         return qmp_error("'-incoming' was not specified on the command line");
     }
-    if (!args.contains("uri")) {
-        return qmp_error("need either 'uri' or 'channels' argument");
-    }
-    if (!args["uri"].is_string()) {
-        return qmp_error("Invalid parameter type for 'uri', expected: string");
-    }
-    if (args.contains("exit-on-error") && !args["exit-on-error"].is_boolean()) {
-        return qmp_error("Invalid parameter type for 'exit-on-error', expected: boolean");
-    }
-    // exit-on-error is accepted but qmigd never exits on a failed load: it
-    // reports `failed` and stays ready for the next migrate-incoming.
-    return start_incoming(args["uri"]);
+    return start_incoming(migrate_address(args, true));
 }
 
 void Daemon::register_migration_commands()
@@ -327,9 +364,11 @@ Status Daemon::start()
     blocks_ = std::move(*blocks);
     dispatcher_ = std::make_unique<LoopDispatcher>(&loop_);
     qmp_ = std::make_unique<QmpServer>(&loop_);
+    fds_ = std::make_unique<MonitorFds>(*qmp_);
     auto on_status = [this](MigrationStatus s) { on_migration_status(s); };
     if (opts_.role == Role::Destination) {
         incoming_ = std::make_unique<IncomingMigration>(&loop_, *dispatcher_, blocks_, on_status);
+        incoming_->set_fd_source([this](const std::string &n) { return fds_->take(n, true); });
     } else {
         const RamImage &first = *blocks_.front().image;
         SideFile ctl = side_file(opts_.control_path, first.path(), first.backing(), ".ctl");
@@ -339,11 +378,12 @@ Status Daemon::start()
         outgoing_ = std::make_unique<OutgoingMigration>(&loop_, *dispatcher_, blocks_,
                                                         guest_.get(), on_status,
                                                         [this](uint64_t n) { on_pass(n); });
+        outgoing_->set_fd_source([this](const std::string &n) { return fds_->take(n, false); });
     }
     register_commands();
     QMIGD_TRY(qmp_->listen(opts_.qmp_path));
     if (opts_.role == Role::Destination && opts_.incoming != "defer") {
-        auto r = start_incoming(opts_.incoming);
+        auto r = start_incoming(parse_migration_uri(opts_.incoming));
         if (auto *e = std::get_if<QmpError>(&r)) {
             return Error(e->desc);
         }

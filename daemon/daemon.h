@@ -13,6 +13,7 @@
 #include "daemon/outgoing.h"
 #include "daemon/ram_blocks.h"
 #include "monitor/migration_config.h"
+#include "monitor/monitor_fds.h"
 #include "monitor/qmp_server.h"
 
 namespace qmigd {
@@ -23,7 +24,7 @@ struct DaemonOptions {
     Role role = Role::Source;
     std::string qmp_path;
     std::vector<std::string> ram_specs;
-    std::string incoming = "defer"; // destination: tcp:HOST:PORT or defer
+    std::string incoming = "defer"; // destination: a migration URI or defer
     std::string machine_type = "none";
     Uuid uuid{};
     std::string control_path; // source: guest control record (default IMAGE.ctl)
@@ -51,7 +52,7 @@ private:
     void on_pass(uint64_t n);
     QmpResult cmd_migrate(const json &args);
     QmpResult cmd_migrate_incoming(const json &args);
-    QmpResult start_incoming(const std::string &uri);
+    QmpResult start_incoming(const Result<MigrationAddress> &addr);
     MigrationStatus migration_status() const;
     json query_status() const;
     void shutdown();
@@ -60,6 +61,7 @@ private:
     uv_loop_t loop_;
     std::unique_ptr<LoopDispatcher> dispatcher_;
     std::unique_ptr<QmpServer> qmp_;
+    std::unique_ptr<MonitorFds> fds_; // getfd/closefd, for fd: URIs
     MigrationConfig config_;
     std::vector<RAMBlock> blocks_;
     std::unique_ptr<IncomingMigration> incoming_;

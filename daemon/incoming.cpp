@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "daemon/socket_io.h"
+#include "daemon/io/file_channel.h"
 #include "daemon/thread_name.h"
 #include "protocol/multifd_packet.h"
 #include "protocol/wire.h"
@@ -82,6 +83,9 @@ IncomingMigration::~IncomingMigration()
         abort_with(Error("daemon shutting down"));
         load_thread_.join();
     }
+    if (child_) {
+        child_->terminate(); // the daemon quits: so does a command still running
+    }
     cleanup_channels();
 }
 
@@ -91,7 +95,7 @@ void IncomingMigration::set_status(MigrationStatus s)
     on_status_(s);
 }
 
-Status IncomingMigration::start(const TcpAddress &addr, const IncomingParams &params)
+Status IncomingMigration::start(const MigrationAddress &addr, const IncomingParams &params)
 {
     if (migration_is_running(status_)) {
         return Error("The incoming migration has already been started");
@@ -111,14 +115,35 @@ Status IncomingMigration::start(const TcpAddress &addr, const IncomingParams &pa
     for (auto &b : blocks_) {
         b.image->scan_holes();
     }
-    listener_ = std::make_unique<TcpListener>(
+    child_.reset();
+    if (addr.transport != MigrationAddress::Transport::Socket) {
+        // The stream is one file or pipe: the main channel at once.
+        auto fd = open_stream(addr);
+        QMIGD_TRY(fd);
+        set_status(MigrationStatus::Setup);
+        main_ = Channel{*fd, {}};
+        maybe_start();
+        return {};
+    }
+    listener_ = std::make_unique<SocketListener>(
         loop_, 4, [this](PendingConnection *c, const Error *e) { on_prefix(c, e); });
-    QMIGD_TRY(listener_->listen(addr));
-    listen_host_ = addr.host.empty() ? "0.0.0.0" : addr.host;
-    spdlog::info("incoming migration: listening on {}:{} (multifd {}, {} channels)", addr.host,
-                 listener_->port(), params.multifd ? "on" : "off", params.channels);
+    QMIGD_TRY(listener_->listen(addr.socket));
+    spdlog::info("incoming migration: listening on {} (multifd {}, {} channels)",
+                 listener_->address().uri(), params.multifd ? "on" : "off", params.channels);
     set_status(MigrationStatus::Setup);
     return {};
+}
+
+Result<int> IncomingMigration::open_stream(const MigrationAddress &addr)
+{
+    if (addr.transport != MigrationAddress::Transport::Exec) {
+        return stream_channel_open(addr, false, fd_source_);
+    }
+    int fd = -1;
+    auto child = CommandChild::spawn(loop_, addr.argv, CommandChild::Direction::FromChild, &fd);
+    QMIGD_TRY(child);
+    child_ = *child;
+    return fd;
 }
 
 void IncomingMigration::cancel()
@@ -150,6 +175,9 @@ void IncomingMigration::cleanup_channels()
         listener_->close();
         listener_.reset();
     }
+    // An exec: command gets EOF or EPIPE from the close below and ends;
+    // it is reaped on the loop whenever it does.
+    child_.reset();
     if (main_ && main_->fd >= 0) {
         ::close(main_->fd);
     }
@@ -269,9 +297,13 @@ void IncomingMigration::abort_with(const Error &err)
     if (sync_) {
         sync_->abort();
     }
-    // Wake threads blocked in read(); fds stay open until finish().
+    // Wake threads blocked in read(); fds stay open until finish(). A
+    // pipe cannot be shut down: its writer, the exec: command, goes.
     if (main_) {
         shutdown_fd(main_->fd);
+    }
+    if (child_) {
+        child_->terminate(); // set before the threads started, reset after
     }
     for (const auto &ch : multifd_) {
         if (ch) {
@@ -410,12 +442,7 @@ nlohmann::json IncomingMigration::query() const
     }
     json r = {{"status", migration_status_name(status_)}};
     if (listener_ && listener_->listening()) {
-        bool v6 = listen_host_.find(':') != std::string::npos;
-        r["socket-address"] =
-            json::array({{{"type", "inet"},
-                          {"host", listen_host_},
-                          {"port", std::to_string(listener_->port())},
-                          {v6 ? "ipv6" : "ipv4", true}}});
+        r["socket-address"] = json::array({socket_address_json(listener_->address())});
     }
     if (status_ == MigrationStatus::Failed && !error_desc_.empty()) {
         r["error-desc"] = error_desc_;

@@ -23,7 +23,9 @@
 #include "daemon/migration_status.h"
 #include "daemon/multifd_recv.h"
 #include "daemon/ram_blocks.h"
-#include "daemon/tcp_channels.h"
+#include "daemon/io/command_channel.h"
+#include "daemon/io/migration_address.h"
+#include "daemon/io/socket_channels.h"
 #include "protocol/loadvm.h"
 
 namespace qmigd {
@@ -45,7 +47,9 @@ public:
     ~IncomingMigration();
 
     // Loop thread. Starts listening (migrate-incoming).
-    Status start(const TcpAddress &addr, const IncomingParams &params);
+    Status start(const MigrationAddress &addr, const IncomingParams &params);
+    // Where fd:NAME URIs get their descriptors (the monitor's table).
+    void set_fd_source(FdSource fds) { fd_source_ = std::move(fds); }
     // Loop thread. migrate_cancel on the destination (QEMU ignores it): ends
     // the incoming migration, listening or loading, as `cancelled`; a new
     // migrate-incoming may follow.
@@ -68,6 +72,9 @@ private:
     void set_status(MigrationStatus s);
     void fail_setup(const Error &err);
     void cleanup_channels();
+    // exec:, file: and fd: streams: our end of the command's pipe, the
+    // file, or the descriptor.
+    Result<int> open_stream(const MigrationAddress &addr);
     void finish(std::optional<Error> err, std::string runstate);
 
     void load_thread_main();
@@ -83,8 +90,9 @@ private:
     // Loop thread only.
     IncomingParams params_;
     MigrationStatus status_ = MigrationStatus::None;
-    std::unique_ptr<TcpListener> listener_;
-    std::string listen_host_;
+    std::unique_ptr<SocketListener> listener_;
+    FdSource fd_source_;
+    std::shared_ptr<CommandChild> child_; // exec: the command
     std::optional<Channel> main_;
     std::vector<std::optional<Channel>> multifd_;
     std::string runstate_ = "inmigrate";

@@ -46,7 +46,8 @@ int main(int argc, char **argv)
     add_common(source, src, src_uuid, src_level, src_path);
     auto *dest = app.add_subcommand("dest", "migration destination");
     add_common(dest, dst, dst_uuid, dst_level, dst_path);
-    dest->add_option("--incoming", dst.incoming, "tcp:HOST:PORT or defer (default)");
+    dest->add_option("--incoming", dst.incoming,
+                     "a migration URI (tcp:, unix:, fd:, exec:, file:) or defer (default)");
     source->add_option("--control", src.control_path,
                        "guest control record (default: first image + .ctl)");
 

@@ -9,6 +9,7 @@
 #include "daemon/multifd_send.h"
 #include "daemon/qemu_file_writer.h"
 #include "daemon/socket_io.h"
+#include "daemon/io/file_channel.h"
 #include "daemon/thread_name.h"
 #include "protocol/savevm.h"
 #include "ramstate/zero_page.h"
@@ -483,6 +484,9 @@ OutgoingMigration::~OutgoingMigration()
         cancel();
         thread_.join();
     }
+    if (child_) {
+        child_->terminate(); // the daemon quits: so does a command still running
+    }
 }
 
 void OutgoingMigration::set_status(MigrationStatus s)
@@ -507,7 +511,7 @@ void OutgoingMigration::resume_guest_if_running()
     }
 }
 
-Status OutgoingMigration::start(const TcpAddress &addr, const OutgoingParams &params)
+Status OutgoingMigration::start(const MigrationAddress &addr, const OutgoingParams &params)
 {
     if (thread_.joinable()) {
         thread_.join();
@@ -520,27 +524,51 @@ Status OutgoingMigration::start(const TcpAddress &addr, const OutgoingParams &pa
     stats_ = std::make_unique<Stats>();
     start_time_ = std::chrono::steady_clock::now();
     set_status(MigrationStatus::Setup);
-    spdlog::info("migration: start to {}:{} (multifd {}, {} channels, zero-page-detection {}, "
+    spdlog::info("migration: start to {} (multifd {}, {} channels, zero-page-detection {}, "
                  "{} bytes of RAM)",
-                 addr.host, addr.port, params.multifd ? "on" : "off",
+                 addr.uri(), params.multifd ? "on" : "off",
                  params.multifd ? params.channels : 0, zero_page_detection_name(params.zpd),
                  total_bytes_);
     uint64_t gen = ++generation_;
-    connect_ = TcpConnect::start(loop_, addr, 1 + (params.multifd ? params.channels : 0),
-                                 [this, gen](Result<std::vector<int>> fds) {
-                                     connect_.reset();
-                                     if (gen != generation_ ||
-                                         status_ != MigrationStatus::Setup) {
-                                         if (fds) {
-                                             for (int fd : *fds) {
-                                                 ::close(fd);
-                                             }
-                                         }
-                                         return;
-                                     }
-                                     on_connected(std::move(fds));
-                                 });
+    child_.reset();
+    if (addr.transport != MigrationAddress::Transport::Socket) {
+        // One file or pipe. QEMU fails both the migration and the command
+        // when it cannot be opened.
+        auto fd = open_stream(addr);
+        if (!fd) {
+            on_connected(fd.error());
+            return fd.error();
+        }
+        on_connected(std::vector<int>{*fd});
+        return {};
+    }
+    unsigned count = 1 + (params.multifd ? params.channels : 0);
+    auto done = [this, gen](Result<std::vector<int>> fds) {
+        connect_.reset();
+        if (gen != generation_ || status_ != MigrationStatus::Setup) {
+            if (fds) {
+                for (int fd : *fds) {
+                    ::close(fd);
+                }
+            }
+            return;
+        }
+        on_connected(std::move(fds));
+    };
+    connect_ = SocketConnect::start(loop_, addr.socket, count, std::move(done));
     return {};
+}
+
+Result<int> OutgoingMigration::open_stream(const MigrationAddress &addr)
+{
+    if (addr.transport != MigrationAddress::Transport::Exec) {
+        return stream_channel_open(addr, true, fd_source_);
+    }
+    int fd = -1;
+    auto child = CommandChild::spawn(loop_, addr.argv, CommandChild::Direction::ToChild, &fd);
+    QMIGD_TRY(child);
+    child_ = *child;
+    return fd;
 }
 
 void OutgoingMigration::on_connected(Result<std::vector<int>> fds)
@@ -588,6 +616,9 @@ void OutgoingMigration::finish(std::optional<Error> err)
     if (cancel_requested_ || err) {
         // A VM that was running runs on, wherever the switchover stopped.
         resume_guest_if_running();
+        if (child_) {
+            child_->terminate(); // half a stream is of no use to it
+        }
     }
     if (cancel_requested_) {
         spdlog::info("migration: cancelled after {} ms", stats_->total_time_ms.load());
@@ -619,6 +650,9 @@ void OutgoingMigration::cancel()
     std::lock_guard<std::mutex> lk(fds_mu_);
     for (int fd : fds_) {
         shutdown_fd(fd);
+    }
+    if (child_) {
+        child_->terminate(); // a pipe cannot be shut down: its reader goes
     }
     if (!thread_.joinable()) {
         // Still connecting: abort the lookup and connects now.

@@ -25,7 +25,9 @@
 #include "daemon/loop_dispatcher.h"
 #include "daemon/migration_status.h"
 #include "daemon/ram_blocks.h"
-#include "daemon/tcp_channels.h"
+#include "daemon/io/command_channel.h"
+#include "daemon/io/migration_address.h"
+#include "daemon/io/socket_channels.h"
 #include "monitor/migration_config.h"
 #include "ramstate/guest_control.h"
 
@@ -61,7 +63,9 @@ public:
     ~OutgoingMigration();
 
     // Loop thread.
-    Status start(const TcpAddress &addr, const OutgoingParams &params);
+    Status start(const MigrationAddress &addr, const OutgoingParams &params);
+    // Where fd:NAME URIs get their descriptors (the monitor's table).
+    void set_fd_source(FdSource fds) { fd_source_ = std::move(fds); }
     void cancel();
     MigrationStatus status() const { return status_; }
     nlohmann::json query() const;
@@ -75,6 +79,9 @@ private:
     class Runner;
     friend class Runner;
 
+    // exec:, file: and fd: streams: our end of the command's pipe, the
+    // file, or the descriptor.
+    Result<int> open_stream(const MigrationAddress &addr);
     void on_connected(Result<std::vector<int>> fds);
     void set_status(MigrationStatus s);
     void set_status_from(MigrationStatus from, MigrationStatus to);
@@ -95,7 +102,9 @@ private:
     std::string error_desc_;
     std::thread thread_;
     uint64_t generation_ = 0; // ignores connects of a cancelled attempt
-    std::shared_ptr<TcpConnect> connect_; // while connecting
+    std::shared_ptr<SocketConnect> connect_; // while connecting
+    FdSource fd_source_;
+    std::shared_ptr<CommandChild> child_;     // exec: the command
 
     // Written by the migration thread, read by the loop (query).
     struct Stats {

@@ -148,10 +148,22 @@ void shutdown_fd(int fd)
     }
 }
 
+namespace {
+
+bool is_tcp(int fd)
+{
+    int domain = 0;
+    socklen_t len = sizeof(domain);
+    return getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0 &&
+           (domain == AF_INET || domain == AF_INET6);
+}
+
+} // namespace
+
 void set_link_timeout(int fd, unsigned ms)
 {
-    if (ms == 0) {
-        return;
+    if (ms == 0 || !is_tcp(fd)) {
+        return; // a unix socket's peer is on this host: its death is an EOF
     }
     // Probes start after a third of the timeout idle, every sixth; the
     // user timeout then bounds both unacknowledged data and probes.
@@ -172,8 +184,10 @@ Result<int> take_blocking_fd(int uv_fd)
     }
     int flags = fcntl(fd, F_GETFL);
     fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (is_tcp(fd)) {
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    }
     return fd;
 }
 

@@ -10,65 +10,11 @@
 
 #include <fmt/format.h>
 
+#include "monitor/qemu_size.h"
+
 namespace qmigd {
 
 namespace {
-
-// QEMU's qemu_strtosz_MiB(): decimal digits with an optional fraction, or
-// 0x hex digits; then an optional unit B K M G T P E (any case; none means
-// MiB) and nothing else. No sign, exponent, inf or nan; overflow is an error.
-std::optional<uint64_t> parse_size_mib(const std::string &text)
-{
-    size_t i = 0;
-    while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) {
-        i++;
-    }
-    bool hex = text.compare(i, 2, "0x") == 0 || text.compare(i, 2, "0X") == 0;
-    i += hex ? 2 : 0;
-    uint64_t whole = 0;
-    size_t digits = 0;
-    for (; i < text.size() && std::isxdigit(static_cast<unsigned char>(text[i])); i++, digits++) {
-        int d = std::isdigit(static_cast<unsigned char>(text[i])) ? text[i] - '0'
-                                                                  : (std::tolower(text[i]) - 'a' + 10);
-        if (!hex && d > 9) {
-            break;
-        }
-        unsigned base = hex ? 16 : 10;
-        if (whole > (UINT64_MAX - unsigned(d)) / base) {
-            return std::nullopt;
-        }
-        whole = whole * base + unsigned(d);
-    }
-    if (digits == 0) {
-        return std::nullopt;
-    }
-    double fraction = 0;
-    if (!hex && i < text.size() && text[i] == '.') {
-        double scale = 0.1;
-        for (i++; i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])); i++) {
-            fraction += (text[i] - '0') * scale;
-            scale /= 10;
-        }
-    }
-    static const std::string units = "bkmgtpe";
-    unsigned shift = 20;
-    if (i < text.size()) {
-        size_t u = units.find(char(std::tolower(static_cast<unsigned char>(text[i]))));
-        if (u == std::string::npos || i + 1 != text.size()) {
-            return std::nullopt;
-        }
-        shift = unsigned(u) * 10;
-    }
-    uint64_t mul = uint64_t(1) << shift;
-    if (mul == 1 && fraction != 0) {
-        return std::nullopt;
-    }
-    uint64_t frac = uint64_t(fraction * double(mul));
-    if (whole > (UINT64_MAX - frac) / mul) {
-        return std::nullopt;
-    }
-    return whole * mul + frac;
-}
 
 // An HMP value for migrate_set_parameter, converted as QEMU's HMP does, or
 // the error QEMU gives for it.
@@ -77,7 +23,7 @@ QmpResult hmp_parameter_value(const json &params, const std::string &name,
 {
     if (name == "max-bandwidth" || name == "avail-switchover-bandwidth" ||
         name == "max-postcopy-bandwidth") {
-        auto n = parse_size_mib(value);
+        auto n = qemu_strtosz(value, 20);
         if (!n || *n > uint64_t(INT64_MAX)) {
             return qmp_error("Invalid size " + value);
         }

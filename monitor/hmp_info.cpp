@@ -84,7 +84,10 @@ std::string hmp_format_info_migrate(const json &info)
     if (info.contains("socket-address")) {
         s += "socket address: [\r\n";
         for (const auto &a : info["socket-address"]) {
-            s += "\ttcp:" + a.value("host", "") + ":" + a.value("port", "") + "\r\n";
+            // QEMU's socket_uri()
+            s += a.value("type", "") == "unix"
+                     ? "\tunix:" + a.value("path", "") + "\r\n"
+                     : "\ttcp:" + a.value("host", "") + ":" + a.value("port", "") + "\r\n";
         }
         s += "]\r\n";
     }

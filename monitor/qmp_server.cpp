@@ -1,6 +1,7 @@
 #include "monitor/qmp_server.h"
 
 #include <algorithm>
+#include <fcntl.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -41,12 +42,23 @@ json error_reply(const QmpError &e)
 
 struct QmpServer::Client {
     explicit Client(QmpServer &s) : server(&s), session(s) {}
-    uv_pipe_t pipe;
+    ~Client() { set_received(-1); }
+    // Keeps only the newest descriptor, as QEMU's socket chardev does.
+    void set_received(int fd)
+    {
+        if (received_fd >= 0) {
+            ::close(received_fd);
+        }
+        received_fd = fd;
+    }
+    uv_pipe_t pipe; // an IPC pipe: it takes descriptors (SCM_RIGHTS) too
     QmpServer *server;
     QmpSession session;
     bool closing = false;
     bool reading = false; // false while its unread replies back up
+    int received_fd = -1; // last SCM_RIGHTS descriptor not yet taken
 };
+
 
 std::optional<QmpError> qmp_check_members(const json &args,
                                           const std::vector<std::string> &members)
@@ -118,7 +130,7 @@ void QmpServer::on_connection(uv_stream_t *listener, int status)
         return;
     }
     auto *c = new Client(*self);
-    uv_pipe_init(self->loop_, &c->pipe, 0);
+    uv_pipe_init(self->loop_, &c->pipe, 1);
     c->pipe.data = c;
     if (uv_accept(listener, reinterpret_cast<uv_stream_t *>(&c->pipe)) != 0) {
         uv_close(reinterpret_cast<uv_handle_t *>(&c->pipe),
@@ -146,11 +158,46 @@ void QmpServer::start_reading(Client *c)
                 cl->server->drop(cl);
                 return;
             }
-            for (const json &reply : cl->session.feed(buf->base, size_t(nread))) {
+            cl->server->take_passed_fds(cl);
+            cl->server->serving_ = cl;
+            auto replies = cl->session.feed(buf->base, size_t(nread));
+            cl->server->serving_ = nullptr;
+            for (const json &reply : replies) {
                 cl->server->send(cl, reply);
             }
             cl->server->throttle(cl);
         });
+}
+
+int QmpServer::take_client_fd()
+{
+    if (!serving_) {
+        return -1;
+    }
+    int fd = serving_->received_fd;
+    serving_->received_fd = -1;
+    return fd;
+}
+
+// Moves the descriptors libuv queued with the bytes just read into the
+// client (the newest wins); each comes out through a scratch handle.
+void QmpServer::take_passed_fds(Client *c)
+{
+    while (uv_pipe_pending_count(&c->pipe) > 0) {
+        auto *scratch = new uv_pipe_t;
+        uv_pipe_init(loop_, scratch, 0);
+        uv_os_fd_t fd = -1;
+        int rc = uv_accept(reinterpret_cast<uv_stream_t *>(&c->pipe),
+                           reinterpret_cast<uv_stream_t *>(scratch));
+        if (rc == 0 && uv_fileno(reinterpret_cast<uv_handle_t *>(scratch), &fd) == 0) {
+            c->set_received(fcntl(fd, F_DUPFD_CLOEXEC, 0));
+        }
+        uv_close(reinterpret_cast<uv_handle_t *>(scratch),
+                 [](uv_handle_t *h) { delete reinterpret_cast<uv_pipe_t *>(h); });
+        if (rc != 0) {
+            break; // libuv dropped it; never spin on a queue that does not shrink
+        }
+    }
 }
 
 bool QmpServer::has_command(const std::string &name) const

@@ -87,12 +87,17 @@ public:
     // Closes the listener and all clients (deferred close, uv style).
     void close();
     std::vector<std::string> command_names() const;
+    // The descriptor the client being served sent last with SCM_RIGHTS
+    // (QEMU's qemu_chr_fe_get_msgfd), now the caller's; -1 if none. Only
+    // from within a command handler.
+    int take_client_fd();
 
 private:
     struct Client;
     static void on_connection(uv_stream_t *server, int status);
     void send(Client *c, const json &msg);
     static void start_reading(Client *c);
+    void take_passed_fds(Client *c);
     void throttle(Client *c);
     void drop(Client *c);
 
@@ -105,6 +110,7 @@ private:
     };
     std::map<std::string, Command> commands_;
     std::vector<Client *> clients_;
+    Client *serving_ = nullptr; // whose requests run now (take_client_fd)
 };
 
 } // namespace qmigd

@@ -58,8 +58,9 @@ class QMP:
                 continue
             return msg
 
-    def execute(self, name, args=None, **kw):
-        """Returns the whole reply dict ({"return":..} or {"error":..})."""
+    def execute(self, name, args=None, fd=None, **kw):
+        """Returns the whole reply dict ({"return":..} or {"error":..}).
+        fd: a descriptor sent with the request (SCM_RIGHTS), as for getfd."""
         req = {"execute": name, "id": self.next_id}
         self.next_id += 1
         if args is None:
@@ -67,14 +68,18 @@ class QMP:
         args.update(kw)
         if args:
             req["arguments"] = args
-        self.send_raw(json.dumps(req) + "\n")
+        data = (json.dumps(req) + "\n").encode()
+        if fd is None:
+            self.send_raw(data)
+        else:
+            socket.send_fds(self.sock, [data], [fd])
         while True:
             reply = self.read_reply()
             if reply.get("id") == req["id"]:
                 return reply
 
-    def cmd(self, name, args=None, **kw):
-        reply = self.execute(name, args, **kw)
+    def cmd(self, name, args=None, fd=None, **kw):
+        reply = self.execute(name, args, fd, **kw)
         if "error" in reply:
             raise QMPError(reply["error"]["class"], reply["error"]["desc"])
         return reply["return"]

@@ -137,13 +137,18 @@ def wait_status(peer, want, timeout=120.0, progress=None, fail_on=("failed", "ca
 
 
 def migrate(src, dst, multifd, channels=2, zpd="multifd", max_bandwidth=0, timeout=300,
-            progress=None, dst_uri_host="127.0.0.1", events=False):
-    """Configures both sides, runs one migration, returns (src_info, dst_info, seconds)."""
+            progress=None, dst_uri_host="127.0.0.1", events=False, unix_path=None):
+    """Configures both sides, runs one migration, returns (src_info, dst_info, seconds).
+    Over TCP to dst_uri_host, or over a unix socket at unix_path."""
     src.set_migration(multifd, channels, zpd, max_bandwidth, events)
     dst.set_migration(multifd, channels, None, max_bandwidth, events)
-    port = start_incoming(dst, dst_uri_host)
+    if unix_path:
+        uri = f"unix:{unix_path}"
+        dst.qmp.cmd("migrate-incoming", uri=uri)
+    else:
+        uri = f"tcp:{dst_uri_host}:{start_incoming(dst, dst_uri_host)}"
     t0, wall0 = time.monotonic(), time.time()
-    src.qmp.cmd("migrate", uri=f"tcp:{dst_uri_host}:{port}")
+    src.qmp.cmd("migrate", uri=uri)
     src_info = wait_status(src, ("completed",), timeout, progress)
     dst_info = wait_status(dst, ("completed",), timeout)
     secs = time.monotonic() - t0

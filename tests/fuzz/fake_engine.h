@@ -7,7 +7,7 @@
 
 #include <uv.h>
 
-#include "daemon/tcp_channels.h"
+#include "daemon/io/socket_channels.h"
 #include "monitor/hmp.h"
 #include "monitor/migration_config.h"
 #include "monitor/qmp_server.h"
@@ -57,7 +57,7 @@ struct FakeEngine {
                                     if (!a.contains("uri") || !a["uri"].is_string()) {
                                         return qmp_error("need either 'uri' or 'channels' argument");
                                     }
-                                    auto addr = parse_tcp_uri(a["uri"]);
+                                    auto addr = parse_socket_uri(a["uri"]);
                                     if (!addr) {
                                         status = "failed";
                                         error_desc = a["uri"].get<std::string>();

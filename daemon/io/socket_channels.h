@@ -1,6 +1,6 @@
-// libuv side of the migration channels: listen/accept with prefix reads
-// (to classify a connection as QEMU does, by its first bytes) and
-// connect. Loop thread only.
+// libuv side of the migration channels over stream sockets (TCP and unix):
+// listen/accept with prefix reads (to classify a connection as QEMU does,
+// by its first bytes) and connect. Loop thread only.
 #pragma once
 
 #include <cstdint>
@@ -13,17 +13,20 @@
 
 #include <uv.h>
 
+#include "daemon/io/socket_address.h"
 #include "protocol/error.h"
 
 namespace qmigd {
 
-struct TcpAddress {
-    std::string host;
-    uint16_t port = 0;
+// One libuv stream handle of either kind; which one is the owner's to know.
+union StreamHandle {
+    uv_tcp_t tcp;
+    uv_pipe_t pipe;
+    uv_handle_t *handle() { return reinterpret_cast<uv_handle_t *>(this); }
+    uv_stream_t *stream() { return reinterpret_cast<uv_stream_t *>(this); }
+    // Initialises the handle for `type` with `data` as its data pointer.
+    void init(uv_loop_t *loop, SocketAddress::Type type, void *data);
 };
-
-// Parses "tcp:HOST:PORT" (HOST may be [v6]). QEMU's error texts.
-Result<TcpAddress> parse_tcp_uri(const std::string &uri);
 
 // An accepted connection whose first bytes are being read on the loop.
 // Lifetime: owned by the listener until handed over or closed.
@@ -42,28 +45,30 @@ public:
     void close();
 
 private:
-    friend class TcpListener;
-    uv_tcp_t tcp_;
-    class TcpListener *owner_ = nullptr;
+    friend class SocketListener;
+    StreamHandle h_;
+    class SocketListener *owner_ = nullptr;
     uint8_t buf_[kMaxPrefix];
     size_t have_ = 0;
     size_t want_ = 0;
     bool done_ = false;
 };
 
-class TcpListener {
+class SocketListener {
 public:
     // Called when a connection has `want` bytes (set want() for more, or
     // take()/close()), or with nullptr data and an error when it failed.
     using OnPrefix = std::function<void(PendingConnection *, const Error *)>;
 
-    TcpListener(uv_loop_t *loop, size_t first_want, OnPrefix on_prefix)
+    SocketListener(uv_loop_t *loop, size_t first_want, OnPrefix on_prefix)
         : loop_(loop), first_want_(first_want), on_prefix_(std::move(on_prefix))
     {
     }
-    ~TcpListener();
-    Status listen(const TcpAddress &addr);
-    uint16_t port() const { return port_; }
+    ~SocketListener();
+    // A unix path is unlinked first and again at close(), as QEMU does.
+    Status listen(const SocketAddress &addr);
+    // What it listens on, with the port the kernel chose for port 0.
+    const SocketAddress &address() const { return addr_; }
     // Stops accepting and closes every pending connection.
     void close();
     bool listening() const { return server_ != nullptr; }
@@ -77,26 +82,27 @@ private:
     uv_loop_t *loop_;
     size_t first_want_;
     OnPrefix on_prefix_;
-    uv_tcp_t *server_ = nullptr;
-    uint16_t port_ = 0;
+    StreamHandle *server_ = nullptr;
+    SocketAddress addr_;
     std::vector<PendingConnection *> pending_;
 };
 
-// Connects `count` sockets to addr: the name is resolved on libuv's thread
-// pool and each address tried in turn (QEMU's inet_connect_saddr). `done`
-// runs once, with all fds (blocking, the caller's) or the first error in
-// QEMU's words -- unless cancel() came first: it aborts the lookup and the
-// connects at once, and `done` never runs. Loop thread only.
-class TcpConnect : public std::enable_shared_from_this<TcpConnect> {
+// Connects `count` sockets to addr. An inet name is resolved on libuv's
+// thread pool and each address tried in turn (QEMU's inet_connect_saddr); a
+// unix path is the one address. `done` runs once, with all fds (blocking,
+// the caller's) or the first error in QEMU's words -- unless cancel() came
+// first: it aborts the lookup and the connects at once, and `done` never
+// runs. Loop thread only.
+class SocketConnect : public std::enable_shared_from_this<SocketConnect> {
 public:
     using Done = std::function<void(Result<std::vector<int>>)>;
-    static std::shared_ptr<TcpConnect> start(uv_loop_t *loop, const TcpAddress &addr,
-                                             unsigned count, Done done);
+    static std::shared_ptr<SocketConnect> start(uv_loop_t *loop, const SocketAddress &addr,
+                                                unsigned count, Done done);
     void cancel();
 
 private:
     struct Attempt;
-    TcpConnect(uv_loop_t *loop, TcpAddress addr, unsigned count, Done done)
+    SocketConnect(uv_loop_t *loop, SocketAddress addr, unsigned count, Done done)
         : loop_(loop), addr_(std::move(addr)), count_(count), done_(std::move(done))
     {
     }
@@ -110,12 +116,12 @@ private:
     void finish(Result<std::vector<int>> r);
 
     uv_loop_t *loop_;
-    TcpAddress addr_;
+    SocketAddress addr_;
     unsigned count_;
     Done done_;
     std::string port_text_;
     uv_getaddrinfo_t gai_;
-    std::shared_ptr<TcpConnect> resolving_; // self, while the lookup runs
+    std::shared_ptr<SocketConnect> resolving_; // self, while the lookup runs
     std::vector<sockaddr_storage> addrs_;
     size_t current_ = 0;
     std::vector<Attempt *> pending_; // connects in flight

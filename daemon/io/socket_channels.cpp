@@ -1,9 +1,12 @@
-#include "daemon/tcp_channels.h"
+#include "daemon/io/socket_channels.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <memory>
 #include <netdb.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -12,29 +15,14 @@
 
 namespace qmigd {
 
-Result<TcpAddress> parse_tcp_uri(const std::string &uri)
+void StreamHandle::init(uv_loop_t *loop, SocketAddress::Type type, void *data)
 {
-    if (uri.rfind("tcp:", 0) != 0) {
-        return Error("unknown migration protocol: " + uri);
+    if (type == SocketAddress::Type::Unix) {
+        uv_pipe_init(loop, &pipe, 0);
+    } else {
+        uv_tcp_init(loop, &tcp);
     }
-    std::string rest = uri.substr(4);
-    size_t colon = rest.rfind(':');
-    if (colon == std::string::npos) {
-        return Error("error parsing address '" + rest + "'");
-    }
-    TcpAddress a;
-    a.host = rest.substr(0, colon);
-    if (a.host.size() >= 2 && a.host.front() == '[' && a.host.back() == ']') {
-        a.host = a.host.substr(1, a.host.size() - 2);
-    }
-    std::string port = rest.substr(colon + 1);
-    char *end = nullptr;
-    unsigned long p = std::strtoul(port.c_str(), &end, 10);
-    if (port.empty() || *end != '\0' || p > 65535) {
-        return Error("error parsing address '" + rest + "'");
-    }
-    a.port = uint16_t(p);
-    return a;
+    handle()->data = data;
 }
 
 namespace {
@@ -42,7 +30,7 @@ namespace {
 // Listen addresses only (numeric or local names; a listen is set up once,
 // before the migration, where a blocking lookup harms nobody). An empty host
 // is QEMU's "tcp::PORT": every interface.
-Result<sockaddr_storage> resolve(const TcpAddress &addr)
+Result<sockaddr_storage> resolve(const SocketAddress &addr)
 {
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
@@ -62,20 +50,68 @@ Result<sockaddr_storage> resolve(const TcpAddress &addr)
     return ss;
 }
 
+// A bound unix stream socket (close-on-exec, non-blocking), or -errno.
+int unix_listen_fd(const std::string &path)
+{
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+        return -errno;
+    }
+    sockaddr_un un{};
+    un.sun_family = AF_UNIX;
+    std::memcpy(un.sun_path, path.c_str(), path.size()); // length checked by the caller
+    if (::bind(fd, reinterpret_cast<sockaddr *>(&un), sizeof(un)) < 0) {
+        int err = errno;
+        ::close(fd);
+        return -err;
+    }
+    return fd;
+}
+
 } // namespace
 
-TcpListener::~TcpListener() { close(); }
+SocketListener::~SocketListener() { close(); }
 
-Status TcpListener::listen(const TcpAddress &addr)
+Status SocketListener::listen(const SocketAddress &addr)
 {
+    addr_ = addr;
+    if (addr.type == SocketAddress::Type::Unix) {
+        QMIGD_TRY(check_unix_path(addr.path));
+    }
+    server_ = new StreamHandle;
+    server_->init(loop_, addr.type, this);
+    if (addr.type == SocketAddress::Type::Unix) {
+        // QEMU's unix_listen_saddr: a stale socket file is replaced.
+        if (::unlink(addr.path.c_str()) < 0 && errno != ENOENT) {
+            int err = errno;
+            close();
+            return Error(fmt::format("Failed to unlink socket {}: {}", addr.path,
+                                     std::strerror(err)));
+        }
+        // Bound here, not with uv_pipe_bind(): libuv reports a missing
+        // directory as EACCES, and QEMU's text carries the real errno.
+        int fd = unix_listen_fd(addr.path);
+        int rc = fd < 0 ? fd : uv_pipe_open(&server_->pipe, fd);
+        if (rc == 0) {
+            rc = uv_listen(server_->stream(), 64, on_connection);
+        } else if (fd >= 0) {
+            ::close(fd);
+        }
+        if (rc != 0) {
+            close();
+            return Error(fmt::format("Failed to bind socket to {}: {}", addr.path,
+                                     std::strerror(-rc)));
+        }
+        return {};
+    }
     auto ss = resolve(addr);
-    QMIGD_TRY(ss);
-    server_ = new uv_tcp_t;
-    uv_tcp_init(loop_, server_);
-    server_->data = this;
-    int rc = uv_tcp_bind(server_, reinterpret_cast<const sockaddr *>(&*ss), 0);
+    if (!ss) {
+        close();
+        return ss.error();
+    }
+    int rc = uv_tcp_bind(&server_->tcp, reinterpret_cast<const sockaddr *>(&*ss), 0);
     if (rc == 0) {
-        rc = uv_listen(reinterpret_cast<uv_stream_t *>(server_), 64, on_connection);
+        rc = uv_listen(server_->stream(), 64, on_connection);
     }
     if (rc != 0) {
         close();
@@ -84,25 +120,24 @@ Status TcpListener::listen(const TcpAddress &addr)
     }
     sockaddr_storage bound{};
     int len = sizeof(bound);
-    uv_tcp_getsockname(server_, reinterpret_cast<sockaddr *>(&bound), &len);
-    port_ = ntohs(bound.ss_family == AF_INET6
-                      ? reinterpret_cast<sockaddr_in6 *>(&bound)->sin6_port
-                      : reinterpret_cast<sockaddr_in *>(&bound)->sin_port);
+    uv_tcp_getsockname(&server_->tcp, reinterpret_cast<sockaddr *>(&bound), &len);
+    addr_.port = ntohs(bound.ss_family == AF_INET6
+                           ? reinterpret_cast<sockaddr_in6 *>(&bound)->sin6_port
+                           : reinterpret_cast<sockaddr_in *>(&bound)->sin_port);
     return {};
 }
 
-void TcpListener::on_connection(uv_stream_t *server, int status)
+void SocketListener::on_connection(uv_stream_t *server, int status)
 {
-    auto *self = static_cast<TcpListener *>(server->data);
+    auto *self = static_cast<SocketListener *>(server->data);
     if (status < 0) {
         return;
     }
     auto *c = new PendingConnection;
     c->owner_ = self;
     c->want_ = self->first_want_;
-    uv_tcp_init(self->loop_, &c->tcp_);
-    c->tcp_.data = c;
-    if (uv_accept(server, reinterpret_cast<uv_stream_t *>(&c->tcp_)) != 0) {
+    c->h_.init(self->loop_, self->addr_.type, c);
+    if (uv_accept(server, c->h_.stream()) != 0) {
         c->owner_ = nullptr;
         c->close();
         return;
@@ -111,12 +146,12 @@ void TcpListener::on_connection(uv_stream_t *server, int status)
     self->start_reading(c);
 }
 
-void TcpListener::start_reading(PendingConnection *c)
+void SocketListener::start_reading(PendingConnection *c)
 {
     // The read buffer is exactly the bytes still wanted, so libuv never
     // takes bytes past the prefix off the socket.
     uv_read_start(
-        reinterpret_cast<uv_stream_t *>(&c->tcp_),
+        c->h_.stream(),
         [](uv_handle_t *h, size_t, uv_buf_t *buf) {
             auto *pc = static_cast<PendingConnection *>(h->data);
             *buf = uv_buf_init(reinterpret_cast<char *>(pc->buf_ + pc->have_),
@@ -124,7 +159,7 @@ void TcpListener::start_reading(PendingConnection *c)
         },
         [](uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
             auto *pc = static_cast<PendingConnection *>(s->data);
-            TcpListener *self = pc->owner_;
+            SocketListener *self = pc->owner_;
             if (nread < 0) {
                 Error e(nread == UV_EOF
                             ? "incoming connection closed before it identified itself"
@@ -151,7 +186,7 @@ void TcpListener::start_reading(PendingConnection *c)
         });
 }
 
-void TcpListener::release(PendingConnection *c)
+void SocketListener::release(PendingConnection *c)
 {
     pending_.erase(std::remove(pending_.begin(), pending_.end(), c), pending_.end());
 }
@@ -159,8 +194,8 @@ void TcpListener::release(PendingConnection *c)
 Result<int> PendingConnection::take()
 {
     uv_os_fd_t ufd;
-    uv_fileno(reinterpret_cast<uv_handle_t *>(&tcp_), &ufd);
-    uv_read_stop(reinterpret_cast<uv_stream_t *>(&tcp_));
+    uv_fileno(h_.handle(), &ufd);
+    uv_read_stop(h_.stream());
     auto fd = take_blocking_fd(ufd);
     close();
     return fd;
@@ -175,33 +210,45 @@ void PendingConnection::close()
     if (owner_) {
         owner_->release(this);
     }
-    uv_close(reinterpret_cast<uv_handle_t *>(&tcp_),
+    uv_close(h_.handle(),
              [](uv_handle_t *h) { delete static_cast<PendingConnection *>(h->data); });
 }
 
-void TcpListener::close()
+void SocketListener::close()
 {
     while (!pending_.empty()) {
         pending_.back()->close();
     }
     if (server_) {
-        uv_close(reinterpret_cast<uv_handle_t *>(server_),
-                 [](uv_handle_t *h) { delete reinterpret_cast<uv_tcp_t *>(h); });
+        uv_close(server_->handle(),
+                 [](uv_handle_t *h) { delete reinterpret_cast<StreamHandle *>(h); });
         server_ = nullptr;
+        if (addr_.type == SocketAddress::Type::Unix) {
+            ::unlink(addr_.path.c_str()); // QEMU's socket_listen_cleanup
+        }
     }
 }
 
-struct TcpConnect::Attempt {
+struct SocketConnect::Attempt {
     uv_connect_t req;
-    uv_tcp_t tcp;
-    std::shared_ptr<TcpConnect> owner; // keeps it alive until closed
+    StreamHandle h;
+    std::shared_ptr<SocketConnect> owner; // keeps it alive until closed
     size_t index = 0;
 };
 
-std::shared_ptr<TcpConnect> TcpConnect::start(uv_loop_t *loop, const TcpAddress &addr,
-                                              unsigned count, Done done)
+std::shared_ptr<SocketConnect> SocketConnect::start(uv_loop_t *loop, const SocketAddress &addr,
+                                                    unsigned count, Done done)
 {
-    std::shared_ptr<TcpConnect> c(new TcpConnect(loop, addr, count, std::move(done)));
+    std::shared_ptr<SocketConnect> c(new SocketConnect(loop, addr, count, std::move(done)));
+    if (addr.type == SocketAddress::Type::Unix) {
+        if (auto st = check_unix_path(addr.path); !st) {
+            c->finish(st.error());
+            return c;
+        }
+        c->addrs_.emplace_back(); // the path is the address
+        c->try_address(0);
+        return c;
+    }
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -219,10 +266,10 @@ std::shared_ptr<TcpConnect> TcpConnect::start(uv_loop_t *loop, const TcpAddress 
     return c;
 }
 
-void TcpConnect::on_resolved(uv_getaddrinfo_t *req, int status, addrinfo *res)
+void SocketConnect::on_resolved(uv_getaddrinfo_t *req, int status, addrinfo *res)
 {
-    auto *self = static_cast<TcpConnect *>(req->data);
-    std::shared_ptr<TcpConnect> keep = std::move(self->resolving_);
+    auto *self = static_cast<SocketConnect *>(req->data);
+    std::shared_ptr<SocketConnect> keep = std::move(self->resolving_);
     for (addrinfo *ai = res; ai; ai = ai->ai_next) {
         sockaddr_storage ss{};
         std::memcpy(&ss, ai->ai_addr, std::min<size_t>(ai->ai_addrlen, sizeof(ss)));
@@ -243,7 +290,7 @@ void TcpConnect::on_resolved(uv_getaddrinfo_t *req, int status, addrinfo *res)
 
 // Opens all `count_` connections to address `i`; on any failure the next
 // address is tried, as QEMU's inet_connect_saddr() walks getaddrinfo's list.
-void TcpConnect::try_address(size_t i)
+void SocketConnect::try_address(size_t i)
 {
     current_ = i;
     fds_.assign(count_, -1);
@@ -253,10 +300,13 @@ void TcpConnect::try_address(size_t i)
         auto *a = new Attempt;
         a->owner = shared_from_this();
         a->index = k;
-        uv_tcp_init(loop_, &a->tcp);
-        a->tcp.data = a;
+        a->h.init(loop_, addr_.type, a);
         pending_.push_back(a);
-        int rc = uv_tcp_connect(&a->req, &a->tcp, reinterpret_cast<const sockaddr *>(&addrs_[i]),
+        if (addr_.type == SocketAddress::Type::Unix) {
+            uv_pipe_connect(&a->req, &a->h.pipe, addr_.path.c_str(), on_connect);
+            continue; // errors come through on_connect
+        }
+        int rc = uv_tcp_connect(&a->req, &a->h.tcp, reinterpret_cast<const sockaddr *>(&addrs_[i]),
                                 on_connect);
         if (rc != 0) {
             connected(a, rc);
@@ -266,17 +316,17 @@ void TcpConnect::try_address(size_t i)
     round_done();
 }
 
-void TcpConnect::on_connect(uv_connect_t *req, int status)
+void SocketConnect::on_connect(uv_connect_t *req, int status)
 {
     auto *a = reinterpret_cast<Attempt *>(req);
     a->owner->connected(a, status);
 }
 
-void TcpConnect::connected(Attempt *a, int status)
+void SocketConnect::connected(Attempt *a, int status)
 {
     if (status == 0 && !cancelled_) {
         uv_os_fd_t ufd;
-        uv_fileno(reinterpret_cast<uv_handle_t *>(&a->tcp), &ufd);
+        uv_fileno(a->h.handle(), &ufd);
         auto fd = take_blocking_fd(ufd);
         if (fd) {
             fds_[a->index] = *fd;
@@ -285,18 +335,18 @@ void TcpConnect::connected(Attempt *a, int status)
         }
     } else if (status < 0 && !error_) {
         // QEMU's text: strerror() ("Connection refused"), not libuv's.
-        error_.emplace(fmt::format("Failed to connect to '{}:{}': {}", addr_.host, addr_.port,
+        error_.emplace(fmt::format("Failed to connect to '{}': {}", addr_.display(),
                                    std::strerror(-status)));
     }
     pending_.erase(std::find(pending_.begin(), pending_.end(), a));
-    if (!uv_is_closing(reinterpret_cast<uv_handle_t *>(&a->tcp))) {
+    if (!uv_is_closing(a->h.handle())) {
         close_attempt(a);
     }
     round_done();
 }
 
 // All connects to the current address are back: done, or the next address.
-void TcpConnect::round_done()
+void SocketConnect::round_done()
 {
     if (launching_ || !pending_.empty() || cancelled_) {
         return;
@@ -313,13 +363,13 @@ void TcpConnect::round_done()
     finish(fds_);
 }
 
-void TcpConnect::close_attempt(Attempt *a)
+void SocketConnect::close_attempt(Attempt *a)
 {
-    uv_close(reinterpret_cast<uv_handle_t *>(&a->tcp),
+    uv_close(a->h.handle(),
              [](uv_handle_t *h) { delete static_cast<Attempt *>(h->data); });
 }
 
-void TcpConnect::close_fds()
+void SocketConnect::close_fds()
 {
     for (int &fd : fds_) {
         if (fd >= 0) {
@@ -329,7 +379,7 @@ void TcpConnect::close_fds()
     }
 }
 
-void TcpConnect::finish(Result<std::vector<int>> r)
+void SocketConnect::finish(Result<std::vector<int>> r)
 {
     Done done = std::move(done_);
     done_ = nullptr;
@@ -338,7 +388,7 @@ void TcpConnect::finish(Result<std::vector<int>> r)
     }
 }
 
-void TcpConnect::cancel()
+void SocketConnect::cancel()
 {
     if (cancelled_) {
         return;

@@ -1,0 +1,116 @@
+#include "daemon/io/command_channel.h"
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+namespace qmigd {
+
+namespace {
+
+// The handle's data: keeps the CommandChild alive until the handle closes.
+struct ProcData {
+    std::shared_ptr<CommandChild> child;
+};
+
+} // namespace
+
+Result<std::shared_ptr<CommandChild>> CommandChild::spawn(uv_loop_t *loop,
+                                                          const std::vector<std::string> &argv,
+                                                          Direction dir, int *fd)
+{
+    std::string command = fmt::format("{}", fmt::join(argv, " "));
+    if (argv.empty()) {
+        return Error("exec: needs a command"); // QEMU 10 crashes here
+    }
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) < 0) {
+        return Error(fmt::format("cannot create a pipe for exec:{}: {}", command,
+                                 std::strerror(errno)));
+    }
+    int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (devnull < 0) {
+        int err = errno;
+        ::close(p[0]);
+        ::close(p[1]);
+        return Error(fmt::format("cannot open /dev/null: {}", std::strerror(err)));
+    }
+    bool to_child = dir == Direction::ToChild;
+    int child_end = to_child ? p[0] : p[1];
+    int ours = to_child ? p[1] : p[0];
+
+    uv_stdio_container_t stdio[3];
+    stdio[0].flags = UV_INHERIT_FD;
+    stdio[0].data.fd = to_child ? child_end : devnull;
+    stdio[1].flags = UV_INHERIT_FD;
+    stdio[1].data.fd = to_child ? devnull : child_end;
+    stdio[2].flags = UV_INHERIT_FD;
+    stdio[2].data.fd = STDERR_FILENO;
+
+    std::vector<std::string> copy = argv;
+    std::vector<char *> args;
+    for (auto &a : copy) {
+        args.push_back(a.data());
+    }
+    args.push_back(nullptr);
+    uv_process_options_t opt{};
+    opt.file = args[0];
+    opt.args = args.data();
+    opt.exit_cb = on_exit;
+    opt.stdio = stdio;
+    opt.stdio_count = 3;
+
+    std::shared_ptr<CommandChild> child(new CommandChild);
+    child->command_ = command;
+    auto *proc = new uv_process_t;
+    proc->data = new ProcData{child};
+    int rc = uv_spawn(loop, proc, &opt);
+    ::close(child_end);
+    ::close(devnull);
+    if (rc != 0) {
+        ::close(ours);
+        // A failed spawn still needs its handle closed.
+        uv_close(reinterpret_cast<uv_handle_t *>(proc), [](uv_handle_t *h) {
+            delete static_cast<ProcData *>(h->data);
+            delete reinterpret_cast<uv_process_t *>(h);
+        });
+        return Error(fmt::format("cannot run exec:{}: {}", command, uv_strerror(rc)));
+    }
+    child->pid_ = proc->pid;
+    spdlog::info("exec: started '{}' (pid {})", command, proc->pid);
+    *fd = ours;
+    return child;
+}
+
+void CommandChild::on_exit(uv_process_t *p, int64_t status, int signal)
+{
+    auto *data = static_cast<ProcData *>(p->data);
+    CommandChild &self = *data->child;
+    self.pid_ = 0;
+    if (status != 0 || signal != 0) {
+        spdlog::warn("exec: '{}' ended with {} {}", self.command_,
+                     signal ? "signal" : "exit status", signal ? signal : status);
+    }
+    uv_close(reinterpret_cast<uv_handle_t *>(p), [](uv_handle_t *h) {
+        delete static_cast<ProcData *>(h->data);
+        delete reinterpret_cast<uv_process_t *>(h);
+    });
+}
+
+void CommandChild::terminate()
+{
+    // Until libuv reaps the child its number cannot be reused; the only
+    // window is between libuv's waitpid() and on_exit() clearing pid_, a
+    // few instructions on the loop thread.
+    if (pid_t pid = pid_.load(); pid > 0) {
+        ::kill(pid, SIGTERM);
+    }
+}
+
+} // namespace qmigd

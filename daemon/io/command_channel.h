@@ -1,0 +1,47 @@
+// The exec: transport: the migration stream through a command (`exec:CMD`
+// is `/bin/sh -c CMD`; a channels exec address gives the argv itself), as
+// QEMU's qio_channel_command_new_spawn() runs it. The source writes the
+// child's stdin (its stdout is /dev/null); the destination reads the
+// child's stdout (its stdin is /dev/null); stderr is the daemon's. One
+// channel only: QEMU allows no multifd over exec.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <sys/types.h>
+#include <vector>
+
+#include <uv.h>
+
+#include "protocol/error.h"
+
+namespace qmigd {
+
+class CommandChild {
+public:
+    enum class Direction { ToChild, FromChild };
+
+    // Spawns the command; returns the child and sets *fd to our end of its
+    // pipe (blocking, close-on-exec; the caller owns and closes it).
+    // Loop thread.
+    static Result<std::shared_ptr<CommandChild>> spawn(uv_loop_t *loop,
+                                                       const std::vector<std::string> &argv,
+                                                       Direction dir, int *fd);
+
+    // Ends a child that still runs (SIGTERM), for a failed or cancelled
+    // migration: a blocked write or read on its pipe then returns. A child
+    // that exits by itself is reaped on the loop and its exit logged if it
+    // failed. Any thread.
+    void terminate();
+
+private:
+    static void on_exit(uv_process_t *p, int64_t status, int signal);
+
+    std::string command_;
+    // Set at spawn, 0 once the loop has seen the child exit; read by any
+    // thread (terminate).
+    std::atomic<pid_t> pid_{0};
+};
+
+} // namespace qmigd

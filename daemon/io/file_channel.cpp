@@ -1,0 +1,47 @@
+#include "daemon/io/file_channel.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+namespace qmigd {
+
+Result<int> file_channel_open(const MigrationAddress &a, bool for_write)
+{
+    int flags = for_write ? O_CREAT | O_WRONLY | O_TRUNC : O_RDONLY;
+    int fd = ::open(a.filename.c_str(), flags | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        return Error(fmt::format("Could not {} '{}': {}", for_write ? "create" : "open",
+                                 a.filename, std::strerror(errno)));
+    }
+    if (a.offset && ::lseek(fd, off_t(a.offset), SEEK_SET) < 0) {
+        int err = errno;
+        ::close(fd);
+        return Error(fmt::format("Unable to seek to offset {} whence {} in file: {}",
+                                 static_cast<long long>(a.offset), SEEK_SET, std::strerror(err)));
+    }
+    return fd;
+}
+
+Result<int> stream_channel_open(const MigrationAddress &a, bool for_write, const FdSource &fds)
+{
+    if (a.transport == MigrationAddress::Transport::File) {
+        return file_channel_open(a, for_write);
+    }
+    if (!fds) {
+        return Error("File descriptor named '" + a.fdname + "' has not been found");
+    }
+    auto fd = fds(a.fdname);
+    QMIGD_TRY(fd);
+    int flags = fcntl(*fd, F_GETFL);
+    if (flags < 0) {
+        return Error(fmt::format("fd:{}: {}", a.fdname, std::strerror(errno)));
+    }
+    fcntl(*fd, F_SETFL, flags & ~O_NONBLOCK);
+    return *fd;
+}
+
+} // namespace qmigd

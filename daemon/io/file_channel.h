@@ -1,0 +1,21 @@
+// The file: transport without mapped-ram: the migration stream written to
+// or read from a file, sequentially from an offset. One channel only (QEMU
+// needs mapped-ram for multifd to a file).
+#pragma once
+
+#include "daemon/io/migration_address.h"
+#include "protocol/error.h"
+
+namespace qmigd {
+
+// Opens a.filename as QEMU's file_start_outgoing_migration() does (created
+// or truncated, mode 0600) or file_start_incoming_migration() (read only),
+// positioned at a.offset; returns a blocking, close-on-exec fd. QEMU's
+// error texts ("Could not create 'PATH': …", "Could not open 'PATH': …").
+Result<int> file_channel_open(const MigrationAddress &a, bool for_write);
+
+// The stream of a non-socket URI other than exec: a file: file, or the
+// fd:NAME descriptor from `fds` (made blocking: the data path blocks).
+Result<int> stream_channel_open(const MigrationAddress &a, bool for_write, const FdSource &fds);
+
+} // namespace qmigd

@@ -1,0 +1,227 @@
+#include "daemon/io/migration_address.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "monitor/qemu_size.h"
+
+namespace qmigd {
+
+Result<MigrationAddress> parse_migration_uri(const std::string &uri)
+{
+    MigrationAddress a;
+    if (uri.rfind("exec:", 0) == 0) {
+        a.transport = MigrationAddress::Transport::Exec;
+        a.argv = {"/bin/sh", "-c", uri.substr(5)};
+        return a;
+    }
+    if (uri.rfind("fd:", 0) == 0) {
+        a.transport = MigrationAddress::Transport::Fd;
+        a.fdname = uri.substr(3);
+        if (a.fdname.empty()) {
+            return Error("invalid file descriptor address");
+        }
+        return a;
+    }
+    if (uri.rfind("file:", 0) == 0) {
+        // QEMU's file_parse_offset(): the first ",offset=" ends the name.
+        a.transport = MigrationAddress::Transport::File;
+        a.filename = uri.substr(5);
+        size_t opt = a.filename.find(",offset=");
+        if (opt != std::string::npos) {
+            std::string value = a.filename.substr(opt + 8);
+            a.filename.resize(opt);
+            int err = 0;
+            auto off = qemu_strtosz(value, 0, &err);
+            if (!off) {
+                return Error(fmt::format("file URI has bad offset {}: {}", value,
+                                         std::strerror(err)));
+            }
+            a.offset = *off;
+        }
+        return a;
+    }
+    auto s = parse_socket_uri(uri);
+    QMIGD_TRY(s);
+    a.socket = *s;
+    return a;
+}
+
+std::string MigrationAddress::uri() const
+{
+    switch (transport) {
+    case Transport::Exec:
+        if (argv.size() == 3 && argv[0] == "/bin/sh" && argv[1] == "-c") {
+            return "exec:" + argv[2];
+        }
+        return fmt::format("exec:{}", fmt::join(argv, " "));
+    case Transport::File:
+        return offset ? fmt::format("file:{},offset={}", filename, offset) : "file:" + filename;
+    case Transport::Fd:
+        return "fd:" + fdname;
+    case Transport::Socket:
+        break;
+    }
+    return socket.uri();
+}
+
+namespace {
+
+QapiType of_kind(QapiType::Kind k)
+{
+    QapiType t;
+    t.kind = k;
+    return t;
+}
+
+QapiType list_of(const QapiType *element)
+{
+    QapiType t = of_kind(QapiType::Kind::List);
+    t.element = element;
+    return t;
+}
+
+QapiType enum_type(std::vector<std::string> values)
+{
+    QapiType t = of_kind(QapiType::Kind::Enum);
+    t.values = std::move(values);
+    return t;
+}
+
+QapiType struct_type(std::vector<QapiType::Member> members)
+{
+    QapiType t = of_kind(QapiType::Kind::Struct);
+    t.members = std::move(members);
+    return t;
+}
+
+const QapiType kStr = of_kind(QapiType::Kind::Str);
+const QapiType kBool = of_kind(QapiType::Kind::Bool);
+const QapiType kUint16 = of_kind(QapiType::Kind::Uint16);
+const QapiType kUint32 = of_kind(QapiType::Kind::Uint32);
+const QapiType kSize = of_kind(QapiType::Kind::Uint64);
+const QapiType kStrList = list_of(&kStr);
+
+// qapi/sockets.json and qapi/migration.json of QEMU 10.0.
+const QapiType kInet = struct_type({{"host", &kStr},
+                                    {"port", &kStr},
+                                    {"numeric", &kBool, true},
+                                    {"to", &kUint16, true},
+                                    {"ipv4", &kBool, true},
+                                    {"ipv6", &kBool, true},
+                                    {"keep-alive", &kBool, true},
+                                    {"keep-alive-count", &kUint32, true},
+                                    {"keep-alive-idle", &kUint32, true},
+                                    {"keep-alive-interval", &kUint32, true},
+                                    {"mptcp", &kBool, true}});
+const QapiType kUnix =
+    struct_type({{"path", &kStr}, {"abstract", &kBool, true}, {"tight", &kBool, true}});
+const QapiType kVsock = struct_type({{"cid", &kStr}, {"port", &kStr}});
+const QapiType kFdStr = struct_type({{"str", &kStr}});
+const QapiType kExec = struct_type({{"args", &kStrList}});
+const QapiType kFile = struct_type({{"filename", &kStr}, {"offset", &kSize}});
+const QapiType kSocketType = enum_type({"inet", "unix", "vsock", "fd"});
+const QapiType kTransport = enum_type({"socket", "exec", "rdma", "file"});
+const QapiType kChannelType = enum_type({"main", "cpr"});
+
+QapiType flat_union(const char *tag, const QapiType *tag_type,
+                    std::map<std::string, const QapiType *> variants)
+{
+    QapiType t = struct_type({{tag, tag_type}});
+    t.discriminator = tag;
+    t.variants = std::move(variants);
+    return t;
+}
+
+const QapiType kSocket =
+    flat_union("type", &kSocketType,
+               {{"inet", &kInet}, {"unix", &kUnix}, {"vsock", &kVsock}, {"fd", &kFdStr}});
+const QapiType kAddress = flat_union(
+    "transport", &kTransport,
+    {{"socket", &kSocket}, {"exec", &kExec}, {"rdma", &kInet}, {"file", &kFile}});
+const QapiType kChannel = struct_type({{"channel-type", &kChannelType}, {"addr", &kAddress}});
+const QapiType kChannelList = list_of(&kChannel);
+
+Result<MigrationAddress> address_from_json(const json &addr)
+{
+    MigrationAddress a;
+    std::string transport = addr["transport"];
+    if (transport == "exec") {
+        a.transport = MigrationAddress::Transport::Exec;
+        a.argv = addr["args"].get<std::vector<std::string>>();
+        return a;
+    }
+    if (transport == "file") {
+        a.transport = MigrationAddress::Transport::File;
+        a.filename = addr["filename"];
+        a.offset = addr["offset"].is_number_unsigned() ? addr["offset"].get<uint64_t>()
+                                                         : uint64_t(addr["offset"].get<int64_t>());
+        return a;
+    }
+    std::string type = transport == "socket" ? addr["type"].get<std::string>() : "";
+    if (type == "fd") {
+        a.transport = MigrationAddress::Transport::Fd;
+        a.fdname = addr["str"];
+        return a;
+    }
+    if (type == "unix") {
+        a.socket.type = SocketAddress::Type::Unix;
+        a.socket.path = addr["path"];
+        return a;
+    }
+    if (type == "inet") {
+        auto s = parse_socket_uri("tcp:" + addr["host"].get<std::string>() + ":" +
+                                  addr["port"].get<std::string>());
+        QMIGD_TRY(s);
+        a.socket = *s;
+        a.socket.host = addr["host"]; // as given: no [v6] brackets to strip
+        return a;
+    }
+    return Error(fmt::format("qmigd does not support the {} transport",
+                             type.empty() ? transport : type));
+}
+
+} // namespace
+
+const QapiType &migration_channel_list_type()
+{
+    return kChannelList;
+}
+
+Result<MigrationAddress> migration_channels_address(const json &channels, bool incoming)
+{
+    // QEMU's migrate_channels_parse(): migrate-incoming takes exactly one
+    // (main) channel; migrate one of each type, and needs a main one.
+    if (incoming && channels.size() > 1) {
+        return Error("Channel list must have only one entry, for type 'main'");
+    }
+    const json *main = nullptr;
+    std::vector<std::string> seen;
+    for (const auto &ch : channels) {
+        std::string type = ch["channel-type"];
+        if (std::find(seen.begin(), seen.end(), type) != seen.end()) {
+            return Error("Channel list has more than one " + type + " entry");
+        }
+        seen.push_back(type);
+        if (type == "main") {
+            main = &ch;
+        }
+    }
+    if (!main) {
+        return Error("Channel list has no main entry"); // QEMU 10.0 crashes here
+    }
+    return address_from_json((*main)["addr"]);
+}
+
+Status check_transport_for_multifd(const MigrationAddress &addr, bool multifd)
+{
+    if (multifd && !addr.multi_channel()) {
+        return Error("Migration requires multi-channel URIs (e.g. tcp)");
+    }
+    return {};
+}
+
+} // namespace qmigd

@@ -1,0 +1,97 @@
+#include "monitor/monitor_fds.h"
+
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <unistd.h>
+
+namespace qmigd {
+
+namespace {
+
+std::optional<QmpError> check_fdname(const json &args)
+{
+    if (!args["fdname"].is_string()) {
+        return QmpError{"GenericError", "Invalid parameter type for 'fdname', expected: string"};
+    }
+    return std::nullopt;
+}
+
+} // namespace
+
+MonitorFds::MonitorFds(QmpServer &server) : server_(server)
+{
+    server.register_command("getfd", std::vector<std::string>{"fdname"},
+                            [this](const json &a) { return getfd(a); });
+    server.register_command("closefd", std::vector<std::string>{"fdname"},
+                            [this](const json &a) { return closefd(a); });
+}
+
+MonitorFds::~MonitorFds()
+{
+    for (auto &[name, fd] : fds_) {
+        ::close(fd);
+    }
+}
+
+QmpResult MonitorFds::getfd(const json &args)
+{
+    if (auto e = check_fdname(args)) {
+        return *e;
+    }
+    int fd = server_.take_client_fd();
+    if (fd < 0) {
+        return qmp_error("No file descriptor supplied via SCM_RIGHTS");
+    }
+    std::string name = args["fdname"];
+    if (!name.empty() && std::isdigit(static_cast<unsigned char>(name[0]))) {
+        ::close(fd);
+        return qmp_error("Parameter 'fdname' expects a name not starting with a digit");
+    }
+    auto it = fds_.find(name);
+    if (it != fds_.end()) {
+        ::close(it->second); // QEMU replaces a descriptor of the same name
+        it->second = fd;
+    } else {
+        fds_[name] = fd;
+    }
+    return json::object();
+}
+
+QmpResult MonitorFds::closefd(const json &args)
+{
+    if (auto e = check_fdname(args)) {
+        return *e;
+    }
+    std::string name = args["fdname"];
+    auto it = fds_.find(name);
+    if (it == fds_.end()) {
+        return qmp_error("File descriptor named '" + name + "' not found");
+    }
+    ::close(it->second);
+    fds_.erase(it);
+    return json::object();
+}
+
+Result<int> MonitorFds::take(const std::string &name, bool numbers)
+{
+    if (numbers && !name.empty() && std::isdigit(static_cast<unsigned char>(name[0]))) {
+        errno = 0;
+        char *end = nullptr;
+        long v = std::strtol(name.c_str(), &end, 10);
+        if (errno || *end || v < 0 || v > INT_MAX) {
+            return Error("Invalid file descriptor number '" + name + "'");
+        }
+        return int(v);
+    }
+    auto it = fds_.find(name);
+    if (it == fds_.end()) {
+        return Error("File descriptor named '" + name + "' has not been found");
+    }
+    int fd = it->second;
+    fds_.erase(it);
+    return fd;
+}
+
+} // namespace qmigd

@@ -1,0 +1,127 @@
+#include "monitor/qapi_visit.h"
+
+#include <algorithm>
+
+namespace qmigd {
+
+namespace {
+
+QmpError bad_type(const std::string &path, const char *expected)
+{
+    return {"GenericError", "Invalid parameter type for '" + path + "', expected: " + expected};
+}
+
+std::optional<QmpError> check_members(const json &obj, const QapiType &t, const std::string &path,
+                                      std::vector<std::string> *seen);
+
+std::optional<QmpError> check_uint(const json &v, const std::string &name, const std::string &path,
+                                   uint64_t max, const char *type_name)
+{
+    // QEMU reads every unsigned type as uint64 first (negative numbers
+    // included, for compatibility), then checks the narrow range naming
+    // the member alone (visit_type_uintN).
+    if (!v.is_number_integer()) {
+        return QmpError{"GenericError", "Parameter '" + path + "' expects uint64"};
+    }
+    if (max == UINT64_MAX) {
+        return std::nullopt;
+    }
+    if (v.is_number_unsigned() ? v.get<uint64_t>() > max : v.get<int64_t>() < 0 ||
+                                                               uint64_t(v.get<int64_t>()) > max) {
+        return QmpError{"GenericError", "Parameter '" + name + "' expects " + type_name};
+    }
+    return std::nullopt;
+}
+
+std::optional<QmpError> check_value(const json &v, const QapiType &t, const std::string &name,
+                                    const std::string &path)
+{
+    using K = QapiType::Kind;
+    switch (t.kind) {
+    case K::Str:
+        return v.is_string() ? std::nullopt : std::optional(bad_type(path, "string"));
+    case K::Bool:
+        return v.is_boolean() ? std::nullopt : std::optional(bad_type(path, "boolean"));
+    case K::Uint16:
+        return check_uint(v, name, path, UINT16_MAX, "uint16_t");
+    case K::Uint32:
+        return check_uint(v, name, path, UINT32_MAX, "uint32_t");
+    case K::Uint64:
+        return check_uint(v, name, path, UINT64_MAX, "uint64");
+    case K::Enum:
+        if (!v.is_string()) {
+            return bad_type(path, "string");
+        }
+        if (std::find(t.values.begin(), t.values.end(), v.get<std::string>()) == t.values.end()) {
+            return QmpError{"GenericError", "Parameter '" + name + "' does not accept value '" +
+                                                v.get<std::string>() + "'"};
+        }
+        return std::nullopt;
+    case K::List:
+        if (!v.is_array()) {
+            return bad_type(path, "array");
+        }
+        for (size_t i = 0; i < v.size(); i++) {
+            std::string p = path + "[" + std::to_string(i) + "]";
+            if (auto e = check_value(v[i], *t.element, p, p)) {
+                return e;
+            }
+        }
+        return std::nullopt;
+    case K::Struct: {
+        if (!v.is_object()) {
+            return bad_type(path, "object");
+        }
+        std::vector<std::string> seen;
+        if (auto e = check_members(v, t, path, &seen)) {
+            return e;
+        }
+        for (auto it = v.begin(); it != v.end(); ++it) {
+            if (std::find(seen.begin(), seen.end(), it.key()) == seen.end()) {
+                return QmpError{"GenericError",
+                                "Parameter '" + (path.empty() ? "" : path + ".") + it.key() +
+                                    "' is unexpected"};
+            }
+        }
+        return std::nullopt;
+    }
+    }
+    return std::nullopt;
+}
+
+// The members of one JSON object: t's own, then (a flat union) those of
+// the variant its discriminator picks, which share the object.
+std::optional<QmpError> check_members(const json &obj, const QapiType &t, const std::string &path,
+                                      std::vector<std::string> *seen)
+{
+    for (const auto &m : t.members) {
+        std::string p = path.empty() ? m.name : path + "." + m.name;
+        if (!obj.contains(m.name)) {
+            if (m.optional) {
+                continue;
+            }
+            return QmpError{"GenericError", "Parameter '" + p + "' is missing"};
+        }
+        seen->push_back(m.name);
+        if (auto e = check_value(obj[m.name], *m.type, m.name, p)) {
+            return e;
+        }
+    }
+    if (!t.discriminator.empty()) {
+        auto it = t.variants.find(obj[t.discriminator].get<std::string>());
+        if (it != t.variants.end()) {
+            return check_members(obj, *it->second, path, seen);
+        }
+    }
+    return std::nullopt;
+}
+
+} // namespace
+
+std::optional<QmpError> qapi_check(const json &value, const QapiType &type,
+                                   const std::string &name, const std::string &path)
+{
+    return check_value(value, type, name, path);
+}
+
+} // namespace qmigd

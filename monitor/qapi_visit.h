@@ -1,0 +1,41 @@
+// A small QAPI input visitor: checks a QMP argument against a type from
+// QEMU's schema with the errors QEMU 10's qobject-input visitor gives, in
+// its order (members in schema order, a missing one when reached, unknown
+// members once a struct's members are done; "channels[0].addr.host" style
+// names). For arguments nested deeper than the flat checks of
+// QmpServer::register_command, such as migrate's `channels`.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "monitor/qmp_server.h"
+
+namespace qmigd {
+
+struct QapiType {
+    enum class Kind { Str, Bool, Uint16, Uint32, Uint64, Enum, List, Struct };
+    Kind kind = Kind::Str;
+    std::vector<std::string> values; // Enum
+    const QapiType *element = nullptr; // List
+    struct Member {
+        std::string name;
+        const QapiType *type;
+        bool optional = false;
+    };
+    // Struct: its members; a flat union's base members come first.
+    std::vector<Member> members;
+    // Flat union: the discriminator (an Enum member above) and, per value,
+    // the struct whose members follow in the same JSON object.
+    std::string discriminator;
+    std::map<std::string, const QapiType *> variants;
+};
+
+// Checks `value` (the member `name`) against `type`. `path` is the full
+// name of `value` ("" at the top, else e.g. "channels[0]").
+std::optional<QmpError> qapi_check(const json &value, const QapiType &type,
+                                   const std::string &name, const std::string &path);
+
+} // namespace qmigd
