@@ -165,7 +165,7 @@ std::pair<double, double> loopback_tcp(size_t bytes, int streams)
             ::close(fd);
         });
         int cfd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
-        threads.emplace_back([cfd, chunk] {
+        threads.emplace_back([cfd] {
             auto b = buffer(chunk, 0);
             while (read(cfd, b.get(), chunk) > 0) {
             }

@@ -89,7 +89,6 @@ private:
     int fd_ = -1;
     uint8_t *base_ = nullptr;
     uint64_t size_ = 0;
-    uint64_t map_size_ = 0;
     Backing backing_;
     PagePaths paths_;
     // One bit per page: set while the page is a hole. Words are updated with
