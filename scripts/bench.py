@@ -85,6 +85,7 @@ def one_run(pair, src_img, size, cell, verify):
     backing, content, channels, zpd = cell
     dst_img = os.path.join(os.path.dirname(src_img), unique_name("bench-dst") + ".ram")
     src = dst = None
+    keep_logs = True  # until the run is known good: a failure keeps them
     try:
         src = Peer(pair[0], "source", [("mem", src_img, size)], "bench-src")
         dst = Peer(pair[1], "dest", [("mem", dst_img, size)], "bench-dst")
@@ -95,6 +96,7 @@ def one_run(pair, src_img, size, cell, verify):
         cpu = sum(cpu_seconds(p) for p in pids) - c0
         peaks = mem.finish()
         ok = files_equal(src_img, dst_img) if verify else None
+        keep_logs = ok is False
         return {"secs": secs, "cpu": cpu, "ok": ok, "downtime": info.get("downtime"),
                 "normal": info["ram"]["normal"],
                 "src_rss": peaks[pids[0]][0], "src_anon": peaks[pids[0]][1],
@@ -103,6 +105,8 @@ def one_run(pair, src_img, size, cell, verify):
         for p in (src, dst):
             if p:
                 p.stop()
+                if not keep_logs:
+                    remove(p.log_path)
         remove(dst_img)
 
 
