@@ -128,6 +128,44 @@ def test_reply_to_bad_utf8_request(p):
     s.close()
 
 
+def open_fds(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+@each_role
+def test_descriptor_flood_is_not_kept(p):
+    """A client passes hundreds of descriptors (SCM_RIGHTS) with requests
+    that never name them, and with a getfd: the daemon keeps at most one
+    per client and one per name, and closes the rest; nothing leaks when
+    the client goes."""
+    before = open_fds(p.proc.pid)
+    s = raw_client(p.qmp_path)
+    read_replies(s, 1)
+    s.sendall(b'{"execute": "qmp_capabilities"}\n')
+    read_replies(s, 1)
+    r, w = os.pipe()
+    try:
+        for i in range(200):
+            msg = b'{"execute": "query-status"}\n'
+            socket.send_fds(s, [msg], [r, w] * 32)  # 64 descriptors a message
+            read_replies(s, 1)
+        socket.send_fds(s, [b'{"execute": "getfd", "arguments": {"fdname": "x"}}\n'], [r, w])
+        got = read_replies(s, 1)[0]
+        check("return" in got, got)
+        held = open_fds(p.proc.pid) - before
+        check(held <= 3, f"{held} descriptors held after 12,800 were passed")
+        s.sendall(b'{"execute": "closefd", "arguments": {"fdname": "x"}}\n')
+        check("return" in read_replies(s, 1)[0])
+    finally:
+        os.close(r)
+        os.close(w)
+        s.close()
+    deadline = time.monotonic() + 5
+    while open_fds(p.proc.pid) > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    check(open_fds(p.proc.pid) <= before, f"{open_fds(p.proc.pid) - before} descriptors leaked")
+
+
 def silent_listener():
     """A TCP port whose accept queue is full: connects to it hang, as to a
     host that does not answer."""
