@@ -382,7 +382,12 @@ def test_channels_semantic_errors_as_qemu():
              ("migrate-incoming", main_channel({"transport": "socket", "type": "unix",
                                                 "path": "/nonexist/s"})),
              ("migrate-incoming", main_channel({"transport": "file", "filename": "/nonexist/x",
-                                                "offset": 0}))]
+                                                "offset": 0})),
+             # a cpr channel beside the main one: QEMU 10 (not in cpr-transfer
+             # mode) ignores it and connects the main one
+             ("migrate", main_channel({"transport": "socket", "type": "unix", "path": "/nonexist/m"}) +
+              [{"channel-type": "cpr", "addr": {"transport": "socket", "type": "unix",
+                                                "path": "/nonexist/c"}}])]
     for cmd, channels in cases:
         def one(src, dst):
             peer = src if cmd == "migrate" else dst
