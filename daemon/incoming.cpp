@@ -118,7 +118,7 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     child_.reset();
     if (addr.transport != MigrationAddress::Transport::Socket) {
         // The stream is one file or pipe: the main channel at once.
-        auto fd = open_stream(addr);
+        auto fd = one_channel_open(loop_, addr, false, fd_source_, &child_);
         QMIGD_TRY(fd);
         set_status(MigrationStatus::Setup);
         main_ = Channel{*fd, {}};
@@ -132,18 +132,6 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
                  listener_->address().uri(), params.multifd ? "on" : "off", params.channels);
     set_status(MigrationStatus::Setup);
     return {};
-}
-
-Result<int> IncomingMigration::open_stream(const MigrationAddress &addr)
-{
-    if (addr.transport != MigrationAddress::Transport::Exec) {
-        return stream_channel_open(addr, false, fd_source_);
-    }
-    int fd = -1;
-    auto child = CommandChild::spawn(loop_, addr.argv, CommandChild::Direction::FromChild, &fd);
-    QMIGD_TRY(child);
-    child_ = *child;
-    return fd;
 }
 
 void IncomingMigration::cancel()

@@ -72,9 +72,6 @@ private:
     void set_status(MigrationStatus s);
     void fail_setup(const Error &err);
     void cleanup_channels();
-    // exec:, file: and fd: streams: our end of the command's pipe, the
-    // file, or the descriptor.
-    Result<int> open_stream(const MigrationAddress &addr);
     void finish(std::optional<Error> err, std::string runstate);
 
     void load_thread_main();

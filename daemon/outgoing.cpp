@@ -534,7 +534,7 @@ Status OutgoingMigration::start(const MigrationAddress &addr, const OutgoingPara
     if (addr.transport != MigrationAddress::Transport::Socket) {
         // One file or pipe. QEMU fails both the migration and the command
         // when it cannot be opened.
-        auto fd = open_stream(addr);
+        auto fd = one_channel_open(loop_, addr, true, fd_source_, &child_);
         if (!fd) {
             on_connected(fd.error());
             return fd.error();
@@ -557,18 +557,6 @@ Status OutgoingMigration::start(const MigrationAddress &addr, const OutgoingPara
     };
     connect_ = SocketConnect::start(loop_, addr.socket, count, std::move(done));
     return {};
-}
-
-Result<int> OutgoingMigration::open_stream(const MigrationAddress &addr)
-{
-    if (addr.transport != MigrationAddress::Transport::Exec) {
-        return stream_channel_open(addr, true, fd_source_);
-    }
-    int fd = -1;
-    auto child = CommandChild::spawn(loop_, addr.argv, CommandChild::Direction::ToChild, &fd);
-    QMIGD_TRY(child);
-    child_ = *child;
-    return fd;
 }
 
 void OutgoingMigration::on_connected(Result<std::vector<int>> fds)

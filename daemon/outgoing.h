@@ -79,9 +79,6 @@ private:
     class Runner;
     friend class Runner;
 
-    // exec:, file: and fd: streams: our end of the command's pipe, the
-    // file, or the descriptor.
-    Result<int> open_stream(const MigrationAddress &addr);
     void on_connected(Result<std::vector<int>> fds);
     void set_status(MigrationStatus s);
     void set_status_from(MigrationStatus from, MigrationStatus to);

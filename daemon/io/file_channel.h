@@ -3,6 +3,11 @@
 // needs mapped-ram for multifd to a file).
 #pragma once
 
+#include <memory>
+
+#include <uv.h>
+
+#include "daemon/io/command_channel.h"
 #include "daemon/io/migration_address.h"
 #include "protocol/error.h"
 
@@ -17,5 +22,11 @@ Result<int> file_channel_open(const MigrationAddress &a, bool for_write);
 // The stream of a non-socket URI other than exec: a file: file, or the
 // fd:NAME descriptor from `fds` (made blocking: the data path blocks).
 Result<int> stream_channel_open(const MigrationAddress &a, bool for_write, const FdSource &fds);
+
+// Our end of any one-channel stream: the above, or for exec: the pipe of
+// a command spawned on `loop` (kept in *child; the source writes its
+// stdin, the destination reads its stdout).
+Result<int> one_channel_open(uv_loop_t *loop, const MigrationAddress &a, bool for_write,
+                             const FdSource &fds, std::shared_ptr<CommandChild> *child);
 
 } // namespace qmigd
