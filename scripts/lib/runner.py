@@ -178,14 +178,21 @@ def start_incoming(dst, host="127.0.0.1"):
     return int(addr["port"])
 
 
-def files_equal(a, b, chunk=1 << 24):
-    with open(a, "rb") as fa, open(b, "rb") as fb:
+def files_equal(a, b, chunk=1 << 22):
+    """Byte-for-byte comparison. Both buffers are allocated once and reused:
+    a fresh 16 MiB bytes object per read() faults its memory in every time,
+    which on a paravirtualised host costs ~14 us per page and made comparing
+    two 4 GiB images take 30 s instead of 2."""
+    x, y = bytearray(chunk), bytearray(chunk)
+    with open(a, "rb", buffering=0) as fa, open(b, "rb", buffering=0) as fb:
         while True:
-            x, y = fa.read(chunk), fb.read(chunk)
+            n, m = fa.readinto(x), fb.readinto(y)
+            if n != m:
+                return False
+            if n < chunk:  # the tail: slices copy, but only once
+                return x[:n] == y[:n]
             if x != y:
                 return False
-            if not x:
-                return True
 
 
 def fs_type(path):
