@@ -28,6 +28,8 @@ from runner import Peer, make_image, migrate, files_equal, remove, unique_name, 
 from backing import backing_dir, Unavailable  # noqa: E402
 
 CELL_SIZE = {}  # cell -> image bytes (a grid mixes 4 GiB and 2 GiB cells)
+HUGE_TOUCHED = {}  # cell -> bytes of the 2 MiB pages holding any non-zero byte
+HUGE_PAGE = 2 << 20
 PAIRS = [("qemu", "qemu"), ("qmigd", "qmigd"), ("qemu", "qmigd"), ("qmigd", "qemu")]
 NAMES = {"qemu": "QEMU", "qmigd": "qmigd"}
 GRID_4K = dict(backing=["shm"], size="4G", content=["zero", "random", "mixed", "text"],
@@ -110,6 +112,20 @@ def one_run(pair, src_img, size, cell, verify):
         remove(dst_img)
 
 
+def huge_pages_touched(path):
+    """Bytes of the image's 2 MiB pages that hold any non-zero byte: a huge
+    page with one data page in it is allocated and cleared whole."""
+    zero, buf, touched = bytes(HUGE_PAGE), bytearray(HUGE_PAGE), 0
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                return touched
+            data = buf if n == HUGE_PAGE else buf[:n]
+            if data != zero[:n]:
+                touched += HUGE_PAGE
+
+
 def measure_limits(directory):
     out = subprocess.run([QMIGD, "limits", "--dir", directory], capture_output=True, text=True,
                          check=True).stdout
@@ -142,6 +158,7 @@ def run_backing(backing, size, args, results, limits):
                 src_img = os.path.join(d, unique_name("bench-src") + ".ram")
                 try:
                     make_image(src_img, size, content)
+                    touched = huge_pages_touched(src_img) if backing != "shm" else None
                     # One untimed migration first: memory this VM has not used
                     # lately costs several times more on first touch, and the
                     # pair that ran first in a cell would pay for all.
@@ -154,6 +171,9 @@ def run_backing(backing, size, args, results, limits):
                                               args.verify == "all" or r == 0)
                                 results.setdefault(cell, {}).setdefault(pair, []).append(run)
                                 CELL_SIZE[cell] = size
+                                if touched is not None:
+                                    HUGE_TOUCHED[cell] = touched
+                                save_json(args.json, results, limits)
                                 print(f"  {fmt_cell(cell)} run {r + 1} {NAMES[pair[0]]:>5} -> "
                                       f"{NAMES[pair[1]]:<5} {run['secs']:7.3f} s  cpu "
                                       f"{run['cpu']:7.3f} s  identical {run['ok']}", flush=True)
@@ -163,6 +183,19 @@ def run_backing(backing, size, args, results, limits):
                     remove(src_img)
     except Unavailable as why:
         print(f"skipping {backing}: {why}", flush=True)
+
+
+def save_json(path, results, limits):
+    """All runs so far (rewritten after every run: a grid cut short keeps
+    what it measured; --from-json tables it)."""
+    if not path:
+        return
+    with open(path + ".tmp", "w") as f:
+        json.dump({"limits": limits, "runs": [
+            {"cell": list(c), "pair": list(p), "size": CELL_SIZE.get(c),
+             "huge_touched": HUGE_TOUCHED.get(c), "runs": r}
+            for c, per in results.items() for p, r in per.items()]}, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def fmt_cell(cell):
@@ -178,7 +211,9 @@ def machine_bound(cell, runs, size, limits):
     on 4 KiB backings; on huge pages the copy is TCP's own) -- is shared by
     the cores. On huge pages the destination's page allocation (a fault
     that clears 2 MiB, `fault_ns_per_page` per 4 KiB of it) is part of the
-    work too. Returns seconds, or None without limits."""
+    work too, counted for every 2 MiB page that holds data (one data page
+    in it is enough to allocate and clear it whole). Returns seconds, or
+    None without limits."""
     lim = limits.get(cell[0])
     if not lim or lim.get("tcp_loopback_gbps", 0) <= 0:
         return None
@@ -186,8 +221,8 @@ def machine_bound(cell, runs, size, limits):
     wire = data / (lim["tcp_loopback_gbps"] * 1e9)
     if cell[0] == "shm":
         store = data / (lim["pwrite_gbps"] * 1e9)
-    else:
-        store = data / 4096 * lim["fault_ns_per_page"] / 1e9
+    else:  # every huge page with data in it, not only the data pages
+        store = HUGE_TOUCHED.get(cell, data) / 4096 * lim["fault_ns_per_page"] / 1e9
     cpu = (data / (1 << 30) * lim["tcp_cpu_s_per_gib"] + size / (lim["zero_scan_gbps"] * 1e9)
            + store)
     return max(wire, cpu / lim.get("cores", 2))
@@ -297,12 +332,14 @@ def main():
             results.setdefault(cell, {})[tuple(r["pair"])] = r["runs"]
             CELL_SIZE[cell] = r.get("size") or parse_size(
                 GRID_4K["size"] if cell[0] == "shm" else GRID_HUGE["size"])
+            if r.get("huge_touched") is not None:
+                HUGE_TOUCHED[cell] = r["huge_touched"]
         print(table(results, 0, saved["limits"]))
         return
     args.pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
     groups = []
     if args.grid:
-        groups = [GRID_4K, GRID_HUGE]
+        groups = [GRID_HUGE, GRID_4K]  # the short part first: a grid cut short has both
     else:
         groups = [dict(backing=args.backing.split(","), size=args.size,
                        content=args.content.split(","),
@@ -323,11 +360,7 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"limits": limits, "runs": [
-                {"cell": list(c), "pair": list(p), "size": CELL_SIZE.get(c), "runs": r}
-                for c, per in results.items() for p, r in per.items()]}, f, indent=1)
+    save_json(args.json, results, limits)
     if args.plot:
         plot(results, args.plot)
 
