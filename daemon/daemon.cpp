@@ -127,7 +127,9 @@ QmpResult Daemon::cmd_migrate(const json &args)
     if (!addr) {
         return qmp_error(addr.error().message());
     }
-    if (auto st = check_transport_for_multifd(*addr, config_.capability("multifd")); !st) {
+    if (auto st = check_transport_for_multifd(*addr, config_.capability("multifd"),
+                                              config_.capability("mapped-ram"));
+        !st) {
         return qmp_error(st.error().message());
     }
     // A destination's own outgoing state is never running: QEMU's next
@@ -144,7 +146,7 @@ QmpResult Daemon::cmd_migrate(const json &args)
     OutgoingParams p;
     p.multifd = config_.capability("multifd");
     p.channels = config_.multifd_channels();
-    p.zpd = config_.zero_page_detection();
+    p.zpd = zero_page_detection_parse(config_.zero_page_detection());
     p.max_bandwidth = config_.max_bandwidth();
     p.downtime_limit_ms = config_.downtime_limit_ms();
     p.machine_type = opts_.machine_type;
@@ -156,6 +158,8 @@ QmpResult Daemon::cmd_migrate(const json &args)
     p.max_throttle = config_.max_cpu_throttle();
     p.throttle_trigger_threshold = config_.parameters()["throttle-trigger-threshold"];
     p.link_timeout_ms = opts_.link_timeout_ms;
+    p.mapped_ram = config_.capability("mapped-ram");
+    p.direct_io = config_.direct_io();
     if (auto st = outgoing_->start(*addr, p); !st) {
         return qmp_error(st.error().message());
     }
@@ -167,7 +171,9 @@ QmpResult Daemon::start_incoming(const Result<MigrationAddress> &addr)
     if (!addr) {
         return qmp_error(addr.error().message());
     }
-    if (auto st = check_transport_for_multifd(*addr, config_.capability("multifd")); !st) {
+    if (auto st = check_transport_for_multifd(*addr, config_.capability("multifd"),
+                                              config_.capability("mapped-ram"));
+        !st) {
         return qmp_error(st.error().message());
     }
     IncomingParams p;
@@ -176,6 +182,8 @@ QmpResult Daemon::start_incoming(const Result<MigrationAddress> &addr)
     p.uuid = opts_.uuid;
     p.machine_type = opts_.machine_type;
     p.link_timeout_ms = opts_.link_timeout_ms;
+    p.mapped_ram = config_.capability("mapped-ram");
+    p.direct_io = config_.direct_io();
     runstate_ = "inmigrate";
     if (auto st = incoming_->start(*addr, p); !st) {
         return qmp_error(st.error().message());

@@ -1,6 +1,7 @@
 #include "daemon/incoming.h"
 
 #include <cstring>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -25,10 +26,21 @@ class ImageLoadHandler : public LoadvmHandler {
 public:
     static constexpr uint32_t kRunPages = 64;
 
-    ImageLoadHandler(std::vector<RAMBlock> &blocks, MultifdRecvSync *sync)
-        : blocks_(blocks), sync_(sync), run_(new uint8_t[kRunPages * TARGET_PAGE_SIZE])
+    ImageLoadHandler(std::vector<RAMBlock> &blocks, MultifdRecvSync *sync,
+                     const MappedRamFileIn *file)
+        : blocks_(blocks), sync_(sync), file_(file),
+          run_(new uint8_t[kRunPages * TARGET_PAGE_SIZE])
     {
     }
+    Status mapped_ram_block(size_t block, const MappedRamHeader &h) override
+    {
+        QMIGD_TRY(flush());
+        if (!file_) {
+            return Error("mapped-ram is not enabled");
+        }
+        return mapped_ram_load_block(*file_, blocks_[block], h, &file_counts_);
+    }
+    const MappedRamCounts &file_counts() const { return file_counts_; }
     Status put_page(size_t block, uint64_t offset, const uint8_t *data) override
     {
         bool extends = run_pages_ && block == run_block_ &&
@@ -63,6 +75,8 @@ public:
 private:
     std::vector<RAMBlock> &blocks_;
     MultifdRecvSync *sync_;
+    const MappedRamFileIn *file_; // null unless mapped-ram
+    MappedRamCounts file_counts_;
     std::unique_ptr<uint8_t[]> run_;
     size_t run_block_ = 0;
     uint64_t run_offset_ = 0;
@@ -105,7 +119,10 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     }
     params_ = params;
     main_.reset();
-    multifd_.assign(params.multifd ? params.channels : 0, std::nullopt);
+    // A mapped-ram file has no channels to accept: its readers are threads.
+    bool sockets = addr.transport == MigrationAddress::Transport::Socket;
+    multifd_.assign(params.multifd && sockets ? params.channels : 0, std::nullopt);
+    file_in_ = MappedRamFileIn{};
     error_desc_.clear();
     thread_error_.reset();
     loading_done_ = false;
@@ -120,6 +137,12 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
         // The stream is one file or pipe: the main channel at once.
         auto fd = one_channel_open(loop_, addr, false, fd_source_, &child_);
         QMIGD_TRY(fd);
+        if (params.mapped_ram) {
+            if (Status st = open_mapped_ram(addr, *fd); !st) {
+                ::close(*fd);
+                return st;
+            }
+        }
         set_status(MigrationStatus::Setup);
         main_ = Channel{*fd, {}};
         maybe_start();
@@ -131,6 +154,26 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     spdlog::info("incoming migration: listening on {} (multifd {}, {} channels)",
                  listener_->address().uri(), params.multifd ? "on" : "off", params.channels);
     set_status(MigrationStatus::Setup);
+    return {};
+}
+
+// The file's size bounds every offset its headers name; direct-io reads
+// pages through O_DIRECT descriptors of their own (QEMU opens its multifd
+// channels that way), the stream through the buffered one.
+Status IncomingMigration::open_mapped_ram(const MigrationAddress &addr, int fd)
+{
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        return Error(fmt::format("Could not stat '{}': {}", addr.filename, std::strerror(errno)));
+    }
+    file_in_.fd = fd;
+    file_in_.file_size = uint64_t(st.st_size);
+    file_in_.threads = params_.multifd ? std::max(params_.channels, 1u) : 1;
+    if (params_.direct_io) {
+        auto fds = file_channels_open(addr, false, file_in_.threads, true);
+        QMIGD_TRY(fds);
+        file_in_.direct_fds = *fds;
+    }
     return {};
 }
 
@@ -170,6 +213,10 @@ void IncomingMigration::cleanup_channels()
         ::close(main_->fd);
     }
     main_.reset();
+    for (int fd : file_in_.direct_fds) {
+        ::close(fd);
+    }
+    file_in_ = MappedRamFileIn{};
     for (auto &ch : multifd_) {
         if (ch && ch->fd >= 0) {
             ::close(ch->fd);
@@ -258,9 +305,11 @@ void IncomingMigration::maybe_start()
             return;
         }
     }
-    load_cfg_ = LoadvmConfig{params_.machine_type, ram_block_descs(blocks_), params_.multifd,
-                             params_.uuid};
-    sync_ = params_.multifd ? std::make_unique<MultifdRecvSync>(multifd_.size()) : nullptr;
+    // mapped-ram never sends MULTIFD_FLUSH: its multifd is the file readers.
+    bool channels = !multifd_.empty();
+    load_cfg_ = LoadvmConfig{params_.machine_type, ram_block_descs(blocks_), channels,
+                             params_.mapped_ram, params_.uuid};
+    sync_ = channels ? std::make_unique<MultifdRecvSync>(multifd_.size()) : nullptr;
     set_link_timeout(main_->fd, params_.link_timeout_ms);
     for (const auto &ch : multifd_) {
         set_link_timeout(ch->fd, params_.link_timeout_ms);
@@ -362,7 +411,7 @@ void IncomingMigration::load_thread_main()
     }
     FdInputStream in(main_->fd, main_->prefix);
     QEMUFileReader f(in, 256 * 1024);
-    ImageLoadHandler handler(blocks_, sync_.get());
+    ImageLoadHandler handler(blocks_, sync_.get(), params_.mapped_ram ? &file_in_ : nullptr);
     auto result = qemu_loadvm_state(f, load_cfg_, handler);
     if (result) {
         if (Status st = handler.flush(); !st) {
@@ -371,8 +420,8 @@ void IncomingMigration::load_thread_main()
     }
     bytes_.fetch_add(f.pos(), std::memory_order_relaxed);
     if (result) {
-        normal_pages_.fetch_add(result->normal_pages);
-        zero_pages_.fetch_add(result->zero_pages);
+        normal_pages_.fetch_add(result->normal_pages + handler.file_counts().normal);
+        zero_pages_.fetch_add(result->zero_pages + handler.file_counts().zero);
         // Everything the channels carry precedes the last flush; whatever
         // they do now cannot change the outcome.
         loading_done_ = true;

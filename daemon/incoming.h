@@ -21,6 +21,7 @@
 
 #include "daemon/loop_dispatcher.h"
 #include "daemon/migration_status.h"
+#include "daemon/mapped_ram_load.h"
 #include "daemon/multifd_recv.h"
 #include "daemon/ram_blocks.h"
 #include "daemon/io/command_channel.h"
@@ -36,6 +37,10 @@ struct IncomingParams {
     Uuid uuid{};
     std::string machine_type = "none";
     unsigned link_timeout_ms = 30000; // dead-link detection, 0 = never
+    // mapped-ram (file: only): pages read from their places in the file,
+    // by `channels` threads with multifd; O_DIRECT with direct_io.
+    bool mapped_ram = false;
+    bool direct_io = false;
 };
 
 class IncomingMigration {
@@ -68,6 +73,7 @@ private:
 
     void on_prefix(PendingConnection *c, const Error *err);
     Status accept_multifd(PendingConnection *c);
+    Status open_mapped_ram(const MigrationAddress &addr, int fd);
     void maybe_start();
     void set_status(MigrationStatus s);
     void fail_setup(const Error &err);
@@ -91,6 +97,7 @@ private:
     FdSource fd_source_;
     std::shared_ptr<CommandChild> child_; // exec: the command
     std::optional<Channel> main_;
+    MappedRamFileIn file_in_; // mapped-ram: main_'s file, and O_DIRECT fds
     std::vector<std::optional<Channel>> multifd_;
     std::string runstate_ = "inmigrate";
     std::string error_desc_;

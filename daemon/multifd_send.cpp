@@ -1,5 +1,6 @@
 #include "daemon/multifd_send.h"
 
+#include <cstring>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -14,8 +15,8 @@
 namespace qmigd {
 
 MultiFDSend::MultiFDSend(std::vector<int> fds, const std::vector<RAMBlock> &blocks,
-                         bool detect_zero, const Uuid &uuid)
-    : blocks_(blocks), detect_zero_(detect_zero), uuid_(uuid)
+                         bool detect_zero, const Uuid &uuid, MappedRamSave *file)
+    : blocks_(blocks), detect_zero_(detect_zero), uuid_(uuid), file_(file)
 {
     for (size_t i = 0; i < fds.size(); i++) {
         auto ch = std::make_unique<Channel>();
@@ -81,17 +82,26 @@ void MultiFDSend::shutdown()
     }
 }
 
-Status MultiFDSend::queue_page(size_t block, uint64_t offset)
+Status MultiFDSend::queue_page(size_t block, uint64_t offset, const uint8_t *data)
 {
-    MultiFDJob &job = *pending_;
-    MultiFDPages *p = job.count ? &job.packets[job.count - 1] : nullptr;
+    MultiFDJob *job = pending_.get();
+    MultiFDPages *p = job->count ? &job->packets[job->count - 1] : nullptr;
     if (!p || p->num == MULTIFD_PACKET_PAGES || p->block != block) {
-        if (job.count == MultiFDJob::kPackets) {
+        if (job->count == MultiFDJob::kPackets) {
             QMIGD_TRY(send_pending()); // swaps pending_ with an idle channel's job
+            job = pending_.get();
         }
-        p = &pending_->packets[pending_->count++];
+        p = &job->packets[job->count++];
         p->block = block;
         p->num = 0;
+        p->with_data = data != nullptr;
+    }
+    if (data) {
+        if (!job->data) {
+            job->data = std::make_unique<AlignedBuffer>(size_t(MultiFDJob::kPackets) *
+                                                        MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE);
+        }
+        std::memcpy(job->page_data(job->count - 1, p->num), data, TARGET_PAGE_SIZE);
     }
     p->offset[p->num++] = offset;
     return {};
@@ -156,8 +166,50 @@ Status MultiFDSend::sync()
     return {};
 }
 
-Status MultiFDSend::send_packet(Channel &ch, const MultiFDPages *pages, uint32_t flags)
+Status MultiFDSend::packet_pages(Channel &ch, const MultiFDJob &job, uint32_t packet,
+                                 const uint8_t **where)
 {
+    const MultiFDPages &pages = job.packets[packet];
+    if (pages.with_data) {
+        for (uint32_t i = 0; i < pages.num; i++) {
+            where[i] = job.page_data(packet, i);
+        }
+        return {};
+    }
+    return blocks_[pages.block].image->load_pages(pages.offset, pages.num, ch.data.get(), where);
+}
+
+// mapped-ram: the packet's pages go to their places in the file, zero
+// pages nowhere (multifd_send_zero_page_detect + file_write_ramblock_iov).
+Status MultiFDSend::write_file_pages(Channel &ch, const MultiFDJob &job, uint32_t packet)
+{
+    const MultiFDPages &pages = job.packets[packet];
+    const uint8_t *where[MULTIFD_PACKET_PAGES];
+    QMIGD_TRY(packet_pages(ch, job, packet, where));
+    uint64_t offsets[MULTIFD_PACKET_PAGES];
+    uint32_t normal = 0;
+    for (uint32_t i = 0; i < pages.num; i++) {
+        if (detect_zero_ && (where[i] == RamImage::zero_data() || buffer_is_zero_page(where[i]))) {
+            file_->mark_zero(pages.block, pages.offset[i]);
+            ch.zero.fetch_add(1, std::memory_order_relaxed);
+            continue;
+        }
+        offsets[normal] = pages.offset[i];
+        where[normal++] = where[i];
+    }
+    QMIGD_TRY(file_->write_pages(ch.fd, pages.block, offsets, where, normal));
+    ch.bytes.fetch_add(uint64_t(normal) * TARGET_PAGE_SIZE, std::memory_order_relaxed);
+    ch.normal.fetch_add(normal, std::memory_order_relaxed);
+    return {};
+}
+
+Status MultiFDSend::send_packet(Channel &ch, const MultiFDJob *job, uint32_t packet,
+                                uint32_t flags)
+{
+    if (file_) { // a SYNC is only the wait for this channel to be idle
+        return job ? write_file_pages(ch, *job, packet) : Status();
+    }
+    const MultiFDPages *pages = job ? &job->packets[packet] : nullptr;
     uint8_t header[MULTIFD_PACKET_HEADER_SIZE];
     uint64_t offsets[MULTIFD_PACKET_PAGES];
     struct iovec iov[1 + MULTIFD_PACKET_PAGES];
@@ -171,7 +223,7 @@ Status MultiFDSend::send_packet(Channel &ch, const MultiFDPages *pages, uint32_t
     // ch.data), with one iovec per contiguous run.
     if (num) {
         const uint8_t *where[MULTIFD_PACKET_PAGES];
-        QMIGD_TRY(block->image->load_pages(pages->offset, num, ch.data.get(), where));
+        QMIGD_TRY(packet_pages(ch, *job, packet, where));
         uint64_t zeros[MULTIFD_PACKET_PAGES];
         for (uint32_t i = 0; i < num; i++) {
             const uint8_t *page = where[i];
@@ -201,11 +253,14 @@ Status MultiFDSend::send_packet(Channel &ch, const MultiFDPages *pages, uint32_t
 
 void MultiFDSend::channel_main(Channel &ch)
 {
-    uint8_t init[MULTIFD_INIT_SIZE];
-    multifd_init_encode(uuid_, uint8_t(ch.id), init);
-    Status st = write_full(ch.fd, init, sizeof(init));
-    if (st) {
-        ch.bytes.fetch_add(sizeof(init), std::memory_order_relaxed);
+    Status st;
+    if (!file_) { // a file channel has no handshake: nobody reads it in order
+        uint8_t init[MULTIFD_INIT_SIZE];
+        multifd_init_encode(uuid_, uint8_t(ch.id), init);
+        st = write_full(ch.fd, init, sizeof(init));
+        if (st) {
+            ch.bytes.fetch_add(sizeof(init), std::memory_order_relaxed);
+        }
     }
     std::unique_lock<std::mutex> lk(mu_);
     while (st) {
@@ -216,13 +271,13 @@ void MultiFDSend::channel_main(Channel &ch)
         if (ch.pending_job) {
             lk.unlock();
             for (uint32_t i = 0; i < ch.job->count && st; i++) {
-                st = send_packet(ch, &ch.job->packets[i], 0);
+                st = send_packet(ch, ch.job.get(), i, 0);
             }
             lk.lock();
             ch.pending_job = false;
         } else {
             lk.unlock();
-            st = send_packet(ch, nullptr, MULTIFD_FLAG_SYNC);
+            st = send_packet(ch, nullptr, 0, MULTIFD_FLAG_SYNC);
             lk.lock();
             ch.pending_sync = false;
             ch.syncs_done++;

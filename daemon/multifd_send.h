@@ -7,6 +7,11 @@
 // detection=multifd), builds the 1344-byte header and sends header + pages
 // with one writev, from the image's mapping or from the channel's buffer,
 // whichever page path the image uses (ramstate/page_path.h).
+//
+// With mapped-ram the channels are descriptors of the migration file, not
+// sockets: no init message, no packet headers and no SYNC packets; a
+// channel writes its normal pages at their fixed offsets and a sync only
+// waits until every channel is idle (QEMU's MULTIFD_SYNC_LOCAL).
 #pragma once
 
 #include <atomic>
@@ -17,8 +22,10 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/mapped_ram_save.h"
 #include "daemon/ram_blocks.h"
 #include "protocol/error.h"
+#include "ramstate/page_buffer.h"
 
 namespace qmigd {
 
@@ -26,6 +33,9 @@ namespace qmigd {
 struct MultiFDPages {
     size_t block = 0;
     uint32_t num = 0;
+    // The pages' bytes came with them (in the job's data): the main thread
+    // read them already for legacy zero-page detection.
+    bool with_data = false;
     uint64_t offset[MULTIFD_PACKET_PAGES];
 };
 
@@ -37,12 +47,21 @@ struct MultiFDJob {
     static constexpr uint32_t kPackets = 8;
     uint32_t count = 0; // packets in use; the last may be partly filled
     MultiFDPages packets[kPackets];
+    // Page bytes of packets with_data, packet k's page i at slot
+    // k * MULTIFD_PACKET_PAGES + i. Allocated on first use and kept: only a
+    // migration with legacy zero-page detection on the File path needs it.
+    std::unique_ptr<AlignedBuffer> data;
+    uint8_t *page_data(uint32_t packet, uint32_t i) const
+    {
+        return data->get() + (size_t(packet) * MULTIFD_PACKET_PAGES + i) * TARGET_PAGE_SIZE;
+    }
 };
 
 class MultiFDSend {
 public:
+    // `file`: the mapped-ram layout when fds are files; null for sockets.
     MultiFDSend(std::vector<int> fds, const std::vector<RAMBlock> &blocks, bool detect_zero,
-                const Uuid &uuid);
+                const Uuid &uuid, MappedRamSave *file = nullptr);
     ~MultiFDSend();
 
     // Spawns the channel threads; each sends its init message at once.
@@ -50,8 +69,11 @@ public:
 
     // --- main migration thread only ---
     // Queues a page; hands the job to a channel when its packets are full
-    // (a packet ends when full or when the block changes).
-    Status queue_page(size_t block, uint64_t offset);
+    // (a packet ends when full or when the block changes). `data`: the
+    // page's bytes, already read by the caller (copied, so a page is read
+    // from the image once); null lets the channel read it. One migration
+    // passes data for every page or for none.
+    Status queue_page(size_t block, uint64_t offset, const uint8_t *data = nullptr);
     // Sends the partial batch, a SYNC on every channel, and waits until every
     // channel has written its SYNC (the caller writes MULTIFD_FLUSH after:
     // the deadlock rule of the wire-format doc, 3.6).
@@ -78,8 +100,9 @@ private:
         uint64_t syncs_done = 0;
         // Owned by the channel thread while pending_job, else by main.
         std::unique_ptr<MultiFDJob> job = std::make_unique<MultiFDJob>();
-        // Channel thread only: the packet's page data on the File path.
-        std::unique_ptr<uint8_t[]> data{new uint8_t[MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE]};
+        // Channel thread only: the packet's page data on the File path
+        // (page-aligned: O_DIRECT writes it as it is).
+        AlignedBuffer data{MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE};
         // Written by the channel thread, read by query.
         std::atomic<uint64_t> bytes{0};
         std::atomic<uint64_t> normal{0};
@@ -88,12 +111,17 @@ private:
 
     Status send_pending();
     void channel_main(Channel &ch);
-    Status send_packet(Channel &ch, const MultiFDPages *pages, uint32_t flags);
+    Status send_packet(Channel &ch, const MultiFDJob *job, uint32_t packet, uint32_t flags);
+    Status write_file_pages(Channel &ch, const MultiFDJob &job, uint32_t packet);
+    // Where packet `packet` of `job` finds its pages' bytes.
+    Status packet_pages(Channel &ch, const MultiFDJob &job, uint32_t packet,
+                        const uint8_t **where);
     void set_error(const Error &e);
 
     const std::vector<RAMBlock> &blocks_;
     const bool detect_zero_;
     const Uuid uuid_;
+    MappedRamSave *const file_;
     std::vector<std::unique_ptr<Channel>> channels_;
 
     mutable std::mutex mu_;

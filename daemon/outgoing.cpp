@@ -6,8 +6,10 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "daemon/mapped_ram_save.h"
 #include "daemon/multifd_send.h"
 #include "daemon/qemu_file_writer.h"
+#include "daemon/ram_save.h"
 #include "daemon/socket_io.h"
 #include "daemon/io/file_channel.h"
 #include "daemon/thread_name.h"
@@ -40,15 +42,17 @@ public:
     Runner(OutgoingMigration &m, std::vector<int> fds)
         : m_(m), p_(m.params_), blocks_(m.blocks_), main_fd_(fds[0]), out_(fds[0])
     {
+        if (p_.mapped_ram) {
+            file_ = std::make_unique<MappedRamSave>(blocks_);
+        }
         if (p_.multifd) {
             std::vector<int> mfds(fds.begin() + 1, fds.end());
             multifd_ = std::make_unique<MultiFDSend>(
-                mfds, blocks_, p_.zpd == ZeroPageDetection::Multifd, p_.uuid);
+                mfds, blocks_, p_.zpd == ZeroPageDetection::Multifd, p_.uuid, file_.get());
         }
-        for (const auto &b : blocks_) {
-            descs_.push_back(b.desc);
-            bitmaps_.emplace_back((b.image->pages() + 63) / 64, 0);
-        }
+        ram_ = std::make_unique<RamSave>(blocks_, p_.zpd, out_, main_fd_, multifd_.get(),
+                                         file_.get());
+        ram_->count_bytes_in(&m_.stats_->precopy_bytes);
     }
     ~Runner() { ::close(main_fd_); }
 
@@ -61,8 +65,6 @@ private:
     Status complete();
     Status send_part(bool *round_done);
     Status send_dirty(bool until_done, bool *round_done);
-    Status send_word(size_t block, size_t word, uint64_t bits);
-    Status round_flush();
     uint64_t dirty_sync();
     void end_period();
     Status rate_limit_wait();
@@ -70,7 +72,7 @@ private:
     Status check_cancel();
     uint64_t transferred() const
     {
-        return out_.bytes_total() + (multifd_ ? multifd_->bytes() : 0);
+        return out_.bytes_total() + (multifd_ ? multifd_->bytes() : 0) + ram_->file_bytes();
     }
 
     OutgoingMigration &m_;
@@ -78,19 +80,11 @@ private:
     std::vector<RAMBlock> &blocks_;
     int main_fd_;
     QEMUFileWriter out_;
+    // mapped-ram: pages go to fixed places in the file, not into the stream.
+    std::unique_ptr<MappedRamSave> file_;
     std::unique_ptr<MultiFDSend> multifd_;
-    RamRecordEncoder records_;
-    std::vector<RamBlockDesc> descs_;
-    // Migration bitmaps: pages still to send, one bit per page.
-    std::vector<std::vector<uint64_t>> bitmaps_;
-    uint64_t dirty_pages_ = 0;
-    // Scan cursor: block and word (the round wraps when it passes the end).
-    size_t cur_block_ = 0;
-    size_t cur_word_ = 0;
+    std::unique_ptr<RamSave> ram_; // the bitmaps and the page walk (ram_save.h)
     bool downtime_ = false; // VM stopped: records count as downtime bytes
-    uint64_t legacy_normal_ = 0, legacy_zero_ = 0;
-    // Main-thread page reads (File path): one bitmap word's worth.
-    std::unique_ptr<uint8_t[]> word_buf_{new uint8_t[64 * TARGET_PAGE_SIZE]};
     // Rate limit: bytes actually written (main + multifd) may not run ahead
     // of max-bandwidth x time since the reference point. Measuring what was
     // written, not what was queued, keeps the long-run rate exact even though
@@ -111,32 +105,22 @@ private:
     uint64_t last_sync_dirty_ = 0; // dirty pages right after the last sync
 };
 
-// Moves every bit the guest set since the last sync into the migration
-// bitmaps (get-and-clear), like migration_bitmap_sync().
+// A dirty sync (migration_bitmap_sync()), with its statistics, the dirty
+// rate period and the log line.
 uint64_t OutgoingMigration::Runner::dirty_sync()
 {
-    uint64_t added = 0;
-    for (size_t i = 0; i < blocks_.size(); i++) {
-        if (!blocks_[i].dirty) {
-            continue;
-        }
-        // Pages written since the last sync are no holes any more.
-        RamImage &img = *blocks_[i].image;
-        added += blocks_[i].dirty->sync_and_clear(
-            bitmaps_[i], [&img](size_t w, uint64_t bits) { img.forget_holes(w, bits); });
-    }
-    dirty_pages_ += added;
-    last_sync_dirty_ = dirty_pages_;
+    uint64_t added = ram_->dirty_sync();
+    last_sync_dirty_ = ram_->dirty_pages();
     period_dirty_pages_ += added;
     uint64_t n = m_.stats_->dirty_sync_count.fetch_add(1) + 1;
-    m_.stats_->remaining_pages = dirty_pages_;
+    m_.stats_->remaining_pages = ram_->dirty_pages();
     if (Clock::now() - period_start_ > std::chrono::seconds(1)) {
         end_period();
     }
     m_.dispatcher_.post([&m = m_, n] { m.on_pass_(n); });
     spdlog::info("migration: dirty sync {}: {} pages dirty ({} new, dirty rate {} pages/s, "
                  "throttle {}%)",
-                 n, dirty_pages_, added, m_.stats_->dirty_pages_rate.load(),
+                 n, ram_->dirty_pages(), added, m_.stats_->dirty_pages_rate.load(),
                  m_.stats_->cpu_throttle_pct.load());
     return added;
 }
@@ -177,11 +161,13 @@ Status OutgoingMigration::Runner::check_cancel()
 void OutgoingMigration::Runner::publish()
 {
     auto &s = *m_.stats_;
-    s.main_bytes = out_.bytes_total();
+    // Pages and bitmaps the migration thread wrote into a mapped-ram file
+    // count as main channel bytes.
+    s.main_bytes = out_.bytes_total() + ram_->file_bytes();
     s.multifd_bytes = multifd_ ? multifd_->bytes() : 0;
-    s.normal = legacy_normal_ + (multifd_ ? multifd_->normal_pages() : 0);
-    s.zero = legacy_zero_ + (multifd_ ? multifd_->zero_pages() : 0);
-    s.remaining_pages = dirty_pages_;
+    s.normal = ram_->normal_pages() + (multifd_ ? multifd_->normal_pages() : 0);
+    s.zero = ram_->zero_pages() + (multifd_ ? multifd_->zero_pages() : 0);
+    s.remaining_pages = ram_->dirty_pages();
     int64_t active_ms = ms_since(m_.start_time_) - s.setup_time_ms;
     if (active_ms > 0) {
         s.mbps = double(transferred()) * 8 / double(active_ms) / 1000;
@@ -196,120 +182,39 @@ Status OutgoingMigration::Runner::setup()
     }
     ByteWriter &w = out_.w();
     savevm_put_header(w);
-    savevm_put_configuration(w, p_.machine_type);
+    static constexpr std::string_view kMappedRam[] = {"mapped-ram"};
+    savevm_put_configuration(w, p_.machine_type, nullptr,
+                             p_.mapped_ram ? std::span<const std::string_view>(kMappedRam)
+                                           : std::span<const std::string_view>());
     // The first bytes leave at once: a QEMU destination's main loop stalls
     // peeking at a connection until 4 bytes are there (wire-format 7.1).
     QMIGD_TRY(out_.flush());
     savevm_put_section_header(w, QEMU_VM_SECTION_START, kRamSectionId, "ram", 0,
                               RAM_SECTION_VERSION);
-    ram_put_mem_size(w, descs_);
+    QMIGD_TRY(ram_->put_ram_layout());
     // Dirty sync 1: every page is to be sent; what the guest marked so far is
     // already covered, so the shared bitmaps start clean.
-    for (size_t i = 0; i < blocks_.size(); i++) {
-        uint64_t pages = blocks_[i].image->pages();
-        std::fill(bitmaps_[i].begin(), bitmaps_[i].end(), ~uint64_t(0));
-        if (pages % 64) {
-            bitmaps_[i].back() = (uint64_t(1) << (pages % 64)) - 1;
-        }
-        dirty_pages_ += pages;
-    }
+    ram_->mark_all_dirty();
     dirty_sync();
     // Never-written ranges go out as zero pages without being read. Learnt
     // after the sync: a page written from here on is dirty again.
     for (auto &b : blocks_) {
         b.image->scan_holes();
     }
-    if (multifd_) {
-        QMIGD_TRY(round_flush());
-    }
+    QMIGD_TRY(ram_->round_flush());
     ram_put_flag(w, RAM_SAVE_FLAG_EOS);
     savevm_put_footer(w, kRamSectionId);
     return out_.flush();
 }
 
-// End of a pass over all blocks: every page sent so far must land before
-// the main channel goes on (SYNC on all channels, then MULTIFD_FLUSH).
-Status OutgoingMigration::Runner::round_flush()
-{
-    if (!multifd_) {
-        return {};
-    }
-    QMIGD_TRY(multifd_->sync());
-    ram_put_flag(out_.w(), RAM_SAVE_FLAG_MULTIFD_FLUSH);
-    return out_.flush();
-}
-
-// Sends the dirty pages of one bitmap word. Pages for multifd zero
-// detection go to the channels unread; the main-thread paths (plain precopy,
-// legacy zero-page detection) load the word's pages with one call per run.
-Status OutgoingMigration::Runner::send_word(size_t block, size_t word, uint64_t bits)
-{
-    if (multifd_ && p_.zpd != ZeroPageDetection::Legacy) {
-        while (bits) {
-            uint64_t page = word * 64 + uint64_t(std::countr_zero(bits));
-            bits &= bits - 1;
-            QMIGD_TRY(multifd_->queue_page(block, page << TARGET_PAGE_BITS));
-        }
-        return {};
-    }
-    RAMBlock &b = blocks_[block];
-    uint64_t offsets[64];
-    const uint8_t *where[64];
-    uint32_t n = 0;
-    for (; bits; bits &= bits - 1) {
-        offsets[n++] = (word * 64 + uint64_t(std::countr_zero(bits))) << TARGET_PAGE_BITS;
-    }
-    QMIGD_TRY(b.image->load_pages(offsets, n, word_buf_.get(), where));
-    auto &counter = downtime_ ? m_.stats_->downtime_bytes : m_.stats_->precopy_bytes;
-    for (uint32_t i = 0; i < n; i++) {
-        bool zero = p_.zpd != ZeroPageDetection::None &&
-                    (where[i] == RamImage::zero_data() || buffer_is_zero_page(where[i]));
-        if (zero) {
-            counter += records_.put_zero_page(out_.w(), b.desc, offsets[i]);
-            legacy_zero_++;
-        } else if (multifd_) {
-            QMIGD_TRY(multifd_->queue_page(block, offsets[i]));
-        } else {
-            counter += records_.put_page_header(out_.w(), b.desc, offsets[i]) + TARGET_PAGE_SIZE;
-            out_.w().bytes(where[i], TARGET_PAGE_SIZE);
-            legacy_normal_++;
-        }
-        QMIGD_TRY(out_.maybe_flush());
-    }
-    return {};
-}
-
-// Sends dirty pages word by word from the cursor. Stops at the end of the
-// round (*round_done), or, unless until_done, when the slice or the rate
-// window is used up.
+// Sends dirty pages from the cursor (ram_save.h); a slice ends after
+// kSliceTime or when the rate window is used up.
 Status OutgoingMigration::Runner::send_dirty(bool until_done, bool *round_done)
 {
     auto slice_start = Clock::now();
-    *round_done = false;
-    while (cur_block_ < blocks_.size()) {
-        auto &bm = bitmaps_[cur_block_];
-        for (; cur_word_ < bm.size(); cur_word_++) {
-            uint64_t bits = bm[cur_word_];
-            if (bits == 0) {
-                continue;
-            }
-            bm[cur_word_] = 0;
-            dirty_pages_ -= uint64_t(std::popcount(bits));
-            QMIGD_TRY(send_word(cur_block_, cur_word_, bits));
-            if (until_done) {
-                continue;
-            }
-            if (Clock::now() - slice_start > kSliceTime || over_rate()) {
-                cur_word_++;
-                return {};
-            }
-        }
-        cur_block_++;
-        cur_word_ = 0;
-    }
-    cur_block_ = 0;
-    *round_done = true;
-    return round_flush();
+    return ram_->send_dirty(until_done, round_done, [&] {
+        return Clock::now() - slice_start > kSliceTime || over_rate();
+    });
 }
 
 bool OutgoingMigration::Runner::over_rate()
@@ -370,7 +275,7 @@ void OutgoingMigration::Runner::update_counters()
         // What stopping now would leave: at least the dirty set of the last
         // sync (the guest keeps re-dirtying it while we send), not just the
         // unsent rest of it, which drops to zero at every round's end.
-        uint64_t pending = std::max(dirty_pages_, last_sync_dirty_) * TARGET_PAGE_SIZE;
+        uint64_t pending = std::max(ram_->dirty_pages(), last_sync_dirty_) * TARGET_PAGE_SIZE;
         m_.stats_->expected_downtime_ms = int64_t(double(pending) * 1000 / bw);
     }
     publish();
@@ -388,10 +293,10 @@ Status OutgoingMigration::Runner::iterate()
         // under the threshold; switch over when nothing is left or it is
         // under the threshold. (Nothing left before the first bandwidth
         // measurement switches over without a sync: END syncs anyway.)
-        uint64_t pending = dirty_pages_ * TARGET_PAGE_SIZE;
+        uint64_t pending = ram_->dirty_pages() * TARGET_PAGE_SIZE;
         if (pending < threshold_) {
             dirty_sync();
-            pending = dirty_pages_ * TARGET_PAGE_SIZE;
+            pending = ram_->dirty_pages() * TARGET_PAGE_SIZE;
         }
         if (pending == 0 || pending < threshold_) {
             return {};
@@ -419,6 +324,7 @@ Status OutgoingMigration::Runner::complete()
     // VM runs now (a `stop` or `cont` during the migration counts).
     const bool running = m_.vm_running_.load();
     downtime_ = true;
+    ram_->count_bytes_in(&m_.stats_->downtime_bytes);
     m_.dispatcher_.post([&m = m_] { m.set_status_from(MigrationStatus::Active,
                                                       MigrationStatus::Device); });
     ByteWriter &w = out_.w();
@@ -430,7 +336,9 @@ Status OutgoingMigration::Runner::complete()
     bool round_done = false;
     do {
         QMIGD_TRY(send_dirty(true, &round_done));
-    } while (dirty_pages_ > 0);
+    } while (ram_->dirty_pages() > 0);
+    // After the channels' last page: ram_save_file_bmap().
+    QMIGD_TRY(ram_->write_file_bitmaps());
     ram_put_flag(w, RAM_SAVE_FLAG_EOS);
     savevm_put_footer(w, kRamSectionId);
     savevm_put_timer(w, kTimerSectionId);
@@ -539,7 +447,17 @@ Status OutgoingMigration::start(const MigrationAddress &addr, const OutgoingPara
             on_connected(fd.error());
             return fd.error();
         }
-        on_connected(std::vector<int>{*fd});
+        std::vector<int> fds{*fd};
+        if (params.mapped_ram && params.multifd) {
+            auto more = file_channels_open(addr, true, params.channels, params.direct_io);
+            if (!more) { // QEMU opens them after `migrate` returned: only the migration fails
+                ::close(*fd);
+                on_connected(more.error());
+                return {};
+            }
+            fds.insert(fds.end(), more->begin(), more->end());
+        }
+        on_connected(std::move(fds));
         return {};
     }
     unsigned count = 1 + (params.multifd ? params.channels : 0);

@@ -28,8 +28,8 @@
 #include "daemon/io/command_channel.h"
 #include "daemon/io/migration_address.h"
 #include "daemon/io/socket_channels.h"
-#include "monitor/migration_config.h"
 #include "ramstate/guest_control.h"
+#include "ramstate/zero_page.h"
 
 namespace qmigd {
 
@@ -49,6 +49,10 @@ struct OutgoingParams {
     unsigned max_throttle = 99;
     unsigned throttle_trigger_threshold = 50;
     unsigned link_timeout_ms = 30000; // dead-link detection, 0 = never
+    // mapped-ram (file: only): pages at fixed offsets; with multifd each
+    // channel is a descriptor of the same file, O_DIRECT with direct_io.
+    bool mapped_ram = false;
+    bool direct_io = false;
 };
 
 class OutgoingMigration {

@@ -1,5 +1,11 @@
 #include "daemon/qemu_file_writer.h"
 
+#include <cerrno>
+#include <cstring>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
 #include "daemon/socket_io.h"
 
 namespace qmigd {
@@ -25,6 +31,41 @@ Status QEMUFileWriter::flush()
     written_ += buf_.size();
     buf_.clear();
     return {};
+}
+
+Result<uint64_t> QEMUFileWriter::offset()
+{
+    QMIGD_TRY(flush());
+    off_t pos = ::lseek(fd_, 0, SEEK_CUR);
+    if (pos < 0) {
+        return Error(fmt::format("main channel: cannot tell the file offset: {}",
+                                 std::strerror(errno)));
+    }
+    return uint64_t(pos);
+}
+
+Status QEMUFileWriter::seek(uint64_t pos)
+{
+    QMIGD_TRY(flush());
+    if (::lseek(fd_, off_t(pos), SEEK_SET) < 0) {
+        err_ = Error(fmt::format("Unable to seek to offset {} whence {} in file: {}", pos,
+                                 SEEK_SET, std::strerror(errno)));
+        return *err_;
+    }
+    return {};
+}
+
+Status QEMUFileWriter::write_at(const void *data, size_t n, uint64_t pos)
+{
+    if (err_) {
+        return *err_;
+    }
+    Status st = pwrite_full(fd_, data, n, pos);
+    if (!st) {
+        err_ = Error(st.error()).prepend("main channel: ");
+        return *err_;
+    }
+    return {}; // not stream bytes: the caller counts them
 }
 
 } // namespace qmigd

@@ -26,6 +26,15 @@ public:
     // Bytes queued and written.
     uint64_t bytes_total() const { return written_ + buf_.size(); }
 
+    // A file channel's position (QEMU's qemu_get_offset()): where the next
+    // queued byte lands. Flushes first.
+    Result<uint64_t> offset();
+    // qemu_set_offset(): the stream goes on at `pos` (mapped-ram skips each
+    // block's pages region this way). Flushes first.
+    Status seek(uint64_t pos);
+    // qemu_put_buffer_at(): n bytes at file offset pos, beside the stream.
+    Status write_at(const void *data, size_t n, uint64_t pos);
+
 private:
     static constexpr size_t kFlushAt = 512 * 1024;
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+
+#include <fmt/format.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -139,6 +141,59 @@ Status write_full(int fd, const void *buf, size_t n)
 {
     struct iovec iov = {const_cast<void *>(buf), n};
     return writev_full(fd, &iov, 1);
+}
+
+bool FdInputStream::seek(uint64_t pos, std::string *err)
+{
+    if (::lseek(fd_, off_t(pos), SEEK_SET) < 0) {
+        *err = fmt::format("Unable to seek to offset {} whence {} in file: {}", pos, SEEK_SET,
+                           std::strerror(errno));
+        return false;
+    }
+    prefix_pos_ = prefix_.size();
+    return true;
+}
+
+Status pwritev_full(int fd, struct iovec *iov, int count, uint64_t offset)
+{
+    while (count > 0) {
+        ssize_t r = ::pwritev(fd, iov, std::min(count, IOV_MAX), off_t(offset));
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r <= 0) {
+            return Error(fmt::format("Unable to write to file at offset 0x{:x}: {}", offset,
+                                     r < 0 ? std::strerror(errno) : "no progress"));
+        }
+        offset += uint64_t(r);
+        iov = iov_advance(iov, &count, size_t(r));
+    }
+    return {};
+}
+
+Status pwrite_full(int fd, const void *buf, size_t n, uint64_t offset)
+{
+    struct iovec iov = {const_cast<void *>(buf), n};
+    return pwritev_full(fd, &iov, 1, offset);
+}
+
+Status pread_full(int fd, void *buf, size_t n, uint64_t offset)
+{
+    auto *p = static_cast<uint8_t *>(buf);
+    while (n > 0) {
+        ssize_t r = ::pread(fd, p, n, off_t(offset));
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r <= 0) {
+            return Error(fmt::format("Unable to read from file at offset 0x{:x}: {}", offset,
+                                     r < 0 ? std::strerror(errno) : "unexpected end of file"));
+        }
+        p += r;
+        n -= size_t(r);
+        offset += uint64_t(r);
+    }
+    return {};
 }
 
 void shutdown_fd(int fd)

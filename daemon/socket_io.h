@@ -25,6 +25,8 @@ class FdInputStream : public InputStream {
 public:
     FdInputStream(int fd, std::vector<uint8_t> prefix) : fd_(fd), prefix_(std::move(prefix)) {}
     ssize_t read_some(void *dst, size_t n, std::string *err) override;
+    // A file: the prefix is dropped and the fd repositioned.
+    bool seek(uint64_t pos, std::string *err) override;
 
 private:
     int fd_;
@@ -66,6 +68,11 @@ Status readv_full(int fd, struct iovec *iov, int count);
 // Writes the whole iovec array (modifies it). EINTR and partial writes handled.
 Status writev_full(int fd, struct iovec *iov, int count);
 Status write_full(int fd, const void *buf, size_t n);
+// The same at a file offset (migration files: mapped-ram pages and bitmaps).
+Status pwritev_full(int fd, struct iovec *iov, int count, uint64_t offset);
+Status pwrite_full(int fd, const void *buf, size_t n, uint64_t offset);
+// Exactly n bytes from a file offset; the end of the file first is an error.
+Status pread_full(int fd, void *buf, size_t n, uint64_t offset);
 // Wakes a thread blocked on fd (shutdown both directions); idempotent.
 void shutdown_fd(int fd);
 // Makes a dup of a libuv-owned socket that blocks, with TCP_NODELAY.

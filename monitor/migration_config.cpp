@@ -7,7 +7,8 @@ namespace qmigd {
 namespace {
 
 // The capabilities qmigd implements; the rest are listed (false) and refused.
-const std::vector<std::string> kImplementedCaps = {"multifd", "events", "auto-converge"};
+const std::vector<std::string> kImplementedCaps = {"multifd", "events", "auto-converge",
+                                                   "mapped-ram"};
 
 QmpError type_error(const std::string &key, const char *type)
 {
@@ -246,12 +247,9 @@ std::optional<QmpError> MigrationConfig::set_capabilities(const json &args)
     return std::nullopt;
 }
 
-ZeroPageDetection MigrationConfig::zero_page_detection() const
+const std::string &MigrationConfig::zero_page_detection() const
 {
-    const std::string &v = params_["zero-page-detection"].get_ref<const std::string &>();
-    return v == "none" ? ZeroPageDetection::None
-           : v == "legacy" ? ZeroPageDetection::Legacy
-                           : ZeroPageDetection::Multifd;
+    return params_["zero-page-detection"].get_ref<const std::string &>();
 }
 
 std::optional<QmpError> MigrationConfig::check_parameter(const std::string &key,

@@ -17,13 +17,6 @@
 
 namespace qmigd {
 
-enum class ZeroPageDetection { None, Legacy, Multifd };
-
-inline const char *zero_page_detection_name(ZeroPageDetection z)
-{
-    return z == ZeroPageDetection::None ? "none" : z == ZeroPageDetection::Legacy ? "legacy" : "multifd";
-}
-
 class MigrationConfig {
 public:
     MigrationConfig();
@@ -42,8 +35,16 @@ public:
     static const std::vector<std::string> &capability_names();
 
     unsigned multifd_channels() const { return params_["multifd-channels"]; }
-    ZeroPageDetection zero_page_detection() const;
+    // "none" | "legacy" | "multifd" (ramstate/zero_page.h parses it).
+    const std::string &zero_page_detection() const;
     uint64_t max_bandwidth() const { return params_["max-bandwidth"]; }
+    // QEMU's migrate_direct_io(): the parameter counts only with mapped-ram
+    // and multifd (the multifd channels are what O_DIRECT applies to).
+    bool direct_io() const
+    {
+        return params_["direct-io"].get<bool>() && capability("mapped-ram") &&
+               capability("multifd");
+    }
     uint64_t downtime_limit_ms() const { return params_["downtime-limit"]; }
     unsigned cpu_throttle_initial() const { return params_["cpu-throttle-initial"]; }
     unsigned cpu_throttle_increment() const { return params_["cpu-throttle-increment"]; }

@@ -53,6 +53,9 @@ private:
     Status check_footer(uint32_t id, const SectionInfo &s);
     Status ram_load(uint8_t type);
     Status ram_load_mem_size(uint64_t total);
+    Status mapped_ram_load(size_t block, uint64_t length);
+    Status load_capabilities();
+    Status check_capabilities();
     Result<size_t> ram_block_from_stream(uint64_t flags);
     Status globalstate_load();
     Status skip_vmdesc();
@@ -66,6 +69,7 @@ private:
     // CONTINUE refers to the block of the previous ZERO/PAGE record, across
     // sections (ram.c keeps it in a static for the same reason).
     std::optional<size_t> last_block_;
+    bool source_mapped_ram_ = false; // configuration/capabilities listed it
     LoadvmResult result_;
     alignas(64) uint8_t page_[TARGET_PAGE_SIZE];
 };
@@ -111,7 +115,39 @@ Status Loader::load_configuration()
     while (f_.peek_byte() == QEMU_VM_SUBSECTION) {
         QMIGD_TRY(load_config_subsection());
     }
-    return stream_status();
+    QMIGD_TRY(stream_status());
+    return check_capabilities();
+}
+
+// configuration/capabilities: be32 count, count x cstr8 name. Of the
+// capabilities QEMU validates, qmigd knows mapped-ram.
+Status Loader::load_capabilities()
+{
+    uint32_t count = f_.get_be32();
+    QMIGD_TRY(stream_status());
+    if (count > 64) {
+        return fail(fmt::format("Too many capabilities in the configuration ({})", count));
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        std::string cap = f_.get_cstr8();
+        QMIGD_TRY(stream_status());
+        if (cap != "mapped-ram") {
+            return fail(fmt::format("Capability '{}' is not supported by qmigd", wire_text(cap)));
+        }
+        source_mapped_ram_ = true;
+    }
+    return {};
+}
+
+// configuration_validate_capabilities(): both sides on or both off.
+Status Loader::check_capabilities()
+{
+    if (source_mapped_ram_ != cfg_.mapped_ram) {
+        return fail(fmt::format("Capability mapped-ram is {}, but received capability is {}",
+                                cfg_.mapped_ram ? "on" : "off",
+                                source_mapped_ram_ ? "on" : "off"));
+    }
+    return {};
 }
 
 Status Loader::load_config_subsection()
@@ -133,14 +169,7 @@ Status Loader::load_config_subsection()
         return {};
     }
     if (name == "configuration/capabilities") {
-        uint32_t count = f_.get_be32();
-        QMIGD_TRY(stream_status());
-        std::string cap = count ? f_.get_cstr8() : std::string();
-        QMIGD_TRY(stream_status());
-        if (count) {
-            return fail(fmt::format("Capability '{}' is not supported by qmigd", wire_text(cap)));
-        }
-        return {};
+        return load_capabilities();
     }
     if (name == "configuration/uuid") {
         Uuid uuid;
@@ -325,9 +354,27 @@ Status Loader::ram_load_mem_size(uint64_t total)
             return fail(fmt::format("RAM block list exceeds the announced total by 0x{:x}",
                                     length - total));
         }
+        if (cfg_.mapped_ram) {
+            QMIGD_TRY(mapped_ram_load(size_t(it - cfg_.blocks.begin()), length));
+        }
         total -= length;
     }
     return {};
+}
+
+// parse_ramblock_mapped_ram(): the header, the pages (by the handler, from
+// the file), then the stream resumes after the block's pages region.
+Status Loader::mapped_ram_load(size_t block, uint64_t length)
+{
+    uint8_t raw[MAPPED_RAM_HEADER_SIZE];
+    f_.get_buffer(raw, sizeof(raw));
+    if (f_.failed()) {
+        return Error(f_.error()).prepend("Could not read whole mapped-ram migration header: ");
+    }
+    MappedRamHeader h = mapped_ram_header_get(raw);
+    QMIGD_TRY(h_.mapped_ram_block(block, h));
+    f_.seek(h.pages_offset + length);
+    return stream_status();
 }
 
 Status Loader::ram_load(uint8_t type)

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "protocol/error.h"
+#include "protocol/mapped_ram.h"
 #include "protocol/qemu_file.h"
 #include "protocol/qemu_format.h"
 
@@ -20,6 +21,9 @@ struct LoadvmConfig {
     std::string machine_type = "none";
     std::vector<RamBlockDesc> blocks;
     bool multifd = false;
+    // The mapped-ram capability: the source must have it on too, and each
+    // block's pages are in the file, not the stream.
+    bool mapped_ram = false;
     // Our own UUID; checked against configuration/uuid when both are set.
     Uuid uuid{};
 };
@@ -36,6 +40,14 @@ public:
     // MULTIFD_FLUSH: wait until every multifd channel has delivered all
     // pages sent before this point (one more SYNC each).
     virtual Status multifd_flush() = 0;
+    // mapped-ram: a block's header was read; load its pages from the file.
+    // The stream then goes on after the block's pages region.
+    virtual Status mapped_ram_block(size_t block, const MappedRamHeader &h)
+    {
+        (void)block;
+        (void)h;
+        return Error("mapped-ram is not enabled");
+    }
     // Progress notice: the main channel is about to read (for status).
     virtual void loading_started() {}
 };

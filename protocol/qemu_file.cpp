@@ -136,14 +136,33 @@ int QEMUFileReader::peek_byte()
 
 ssize_t MemoryInputStream::read_some(void *dst, size_t n, std::string *)
 {
-    size_t k = std::min(n, left_);
+    size_t k = std::min(n, len_ - at_);
     if (k == 0) {
         return 0;
     }
-    std::memcpy(dst, p_, k);
-    p_ += k;
-    left_ -= k;
+    std::memcpy(dst, begin_ + at_, k);
+    at_ += k;
     return ssize_t(k);
+}
+
+bool MemoryInputStream::seek(uint64_t pos, std::string *)
+{
+    at_ = size_t(std::min<uint64_t>(pos, len_)); // past the end reads as EOF
+    return true;
+}
+
+void QEMUFileReader::seek(uint64_t pos)
+{
+    if (err_) {
+        return;
+    }
+    std::string why;
+    if (!in_.seek(pos, &why)) {
+        set_error(why);
+        return;
+    }
+    head_ = tail_ = 0;
+    eof_ = false;
 }
 
 } // namespace qmigd

@@ -23,6 +23,14 @@ public:
     // Reads up to n bytes into dst. Returns the count (>0), 0 at end of
     // stream, or -1 with *err set.
     virtual ssize_t read_some(void *dst, size_t n, std::string *err) = 0;
+    // Goes on reading at absolute position pos (a file: mapped-ram skips
+    // each block's pages). Streams that cannot seek say so.
+    virtual bool seek(uint64_t pos, std::string *err)
+    {
+        (void)pos;
+        *err = "the migration stream is not seekable";
+        return false;
+    }
 };
 
 class QEMUFileReader {
@@ -39,6 +47,8 @@ public:
     // u8 length + bytes.
     std::string get_cstr8();
     void skip(size_t n);
+    // qemu_set_offset(): drops what is buffered and reads from pos on.
+    void seek(uint64_t pos);
     // Next byte without consuming it; -1 at a clean end of stream or error.
     int peek_byte();
 
@@ -66,14 +76,16 @@ private:
 class MemoryInputStream : public InputStream {
 public:
     MemoryInputStream(const void *data, size_t len)
-        : p_(static_cast<const uint8_t *>(data)), left_(len)
+        : begin_(static_cast<const uint8_t *>(data)), len_(len)
     {
     }
     ssize_t read_some(void *dst, size_t n, std::string *err) override;
+    bool seek(uint64_t pos, std::string *err) override;
 
 private:
-    const uint8_t *p_;
-    size_t left_;
+    const uint8_t *begin_;
+    size_t len_;
+    size_t at_ = 0;
 };
 
 } // namespace qmigd

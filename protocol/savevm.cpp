@@ -28,11 +28,21 @@ void savevm_put_header(ByteWriter &w)
     w.be32(QEMU_VM_FILE_VERSION);
 }
 
-void savevm_put_configuration(ByteWriter &w, std::string_view machine_type, const Uuid *uuid)
+void savevm_put_configuration(ByteWriter &w, std::string_view machine_type, const Uuid *uuid,
+                              std::span<const std::string_view> caps)
 {
     w.u8(QEMU_VM_CONFIGURATION);
     w.be32(uint32_t(machine_type.size()));
     w.bytes(machine_type.data(), machine_type.size());
+    if (!caps.empty()) { // vmstate_capabilites, before vmstate_uuid
+        w.u8(QEMU_VM_SUBSECTION);
+        w.cstr8("configuration/capabilities");
+        w.be32(1);
+        w.be32(uint32_t(caps.size()));
+        for (auto c : caps) {
+            w.cstr8(c);
+        }
+    }
     if (uuid) {
         w.u8(QEMU_VM_SUBSECTION);
         w.cstr8("configuration/uuid");
@@ -103,16 +113,26 @@ void savevm_put_eof_and_vmdesc(ByteWriter &w)
     w.bytes(kVmDescription.data(), kVmDescription.size());
 }
 
-void ram_put_mem_size(ByteWriter &w, std::span<const RamBlockDesc> blocks)
+void ram_put_mem_size_word(ByteWriter &w, std::span<const RamBlockDesc> blocks)
 {
     uint64_t total = 0;
     for (const auto &b : blocks) {
         total += b.used_length;
     }
     w.be64(total | RAM_SAVE_FLAG_MEM_SIZE);
+}
+
+void ram_put_block_entry(ByteWriter &w, const RamBlockDesc &block)
+{
+    w.cstr8(block.idstr);
+    w.be64(block.used_length);
+}
+
+void ram_put_mem_size(ByteWriter &w, std::span<const RamBlockDesc> blocks)
+{
+    ram_put_mem_size_word(w, blocks);
     for (const auto &b : blocks) {
-        w.cstr8(b.idstr);
-        w.be64(b.used_length);
+        ram_put_block_entry(w, b);
     }
 }
 

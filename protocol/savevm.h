@@ -13,10 +13,13 @@ namespace qmigd {
 
 // "QEVM" + version 3.
 void savevm_put_header(ByteWriter &w);
-// QEMU_VM_CONFIGURATION + machine type name. A non-zero uuid adds the
-// configuration/uuid subsection (QEMU's validate-uuid).
+// QEMU_VM_CONFIGURATION + machine type name. Capabilities the destination
+// must have on too (QEMU validates mapped-ram and x-ignore-shared) add the
+// configuration/capabilities subsection; a non-zero uuid adds
+// configuration/uuid (QEMU's validate-uuid).
 void savevm_put_configuration(ByteWriter &w, std::string_view machine_type,
-                              const Uuid *uuid = nullptr);
+                              const Uuid *uuid = nullptr,
+                              std::span<const std::string_view> caps = {});
 // START or FULL section header.
 void savevm_put_section_header(ByteWriter &w, uint8_t type, uint32_t section_id,
                                std::string_view idstr, uint32_t instance_id,
@@ -34,6 +37,10 @@ void savevm_put_eof_and_vmdesc(ByteWriter &w);
 
 // ram section records.
 void ram_put_mem_size(ByteWriter &w, std::span<const RamBlockDesc> blocks);
+// The same in parts, for mapped-ram, whose header follows each block entry:
+// the record word (total bytes | MEM_SIZE), then one entry per block.
+void ram_put_mem_size_word(ByteWriter &w, std::span<const RamBlockDesc> blocks);
+void ram_put_block_entry(ByteWriter &w, const RamBlockDesc &block);
 // A bare flag word: RAM_SAVE_FLAG_EOS or RAM_SAVE_FLAG_MULTIFD_FLUSH.
 void ram_put_flag(ByteWriter &w, uint64_t flag);
 

@@ -26,6 +26,27 @@ Result<int> file_channel_open(const MigrationAddress &a, bool for_write)
     return fd;
 }
 
+Result<std::vector<int>> file_channels_open(const MigrationAddress &a, bool for_write,
+                                            unsigned count, bool direct_io)
+{
+    int flags = (for_write ? O_WRONLY : O_RDONLY) | O_CLOEXEC | (direct_io ? O_DIRECT : 0);
+    std::vector<int> fds;
+    for (unsigned i = 0; i < count; i++) {
+        int fd = ::open(a.filename.c_str(), flags);
+        if (fd < 0) {
+            int err = errno;
+            for (int f : fds) {
+                ::close(f);
+            }
+            return Error(fmt::format("Could not open '{}'{}: {}", a.filename,
+                                     direct_io ? " with O_DIRECT (direct-io)" : "",
+                                     std::strerror(err)));
+        }
+        fds.push_back(fd);
+    }
+    return fds;
+}
+
 Result<int> stream_channel_open(const MigrationAddress &a, bool for_write, const FdSource &fds)
 {
     if (a.transport == MigrationAddress::Transport::File) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include <uv.h>
 
@@ -18,6 +19,12 @@ namespace qmigd {
 // positioned at a.offset; returns a blocking, close-on-exec fd. QEMU's
 // error texts ("Could not create 'PATH': …", "Could not open 'PATH': …").
 Result<int> file_channel_open(const MigrationAddress &a, bool for_write);
+
+// mapped-ram with multifd: `count` more descriptors of the same file, one
+// per channel (QEMU's file_send_channel_create(): write only, never
+// truncating; O_DIRECT with direct_io), or read only for a destination.
+Result<std::vector<int>> file_channels_open(const MigrationAddress &a, bool for_write,
+                                            unsigned count, bool direct_io);
 
 // The stream of a non-socket URI other than exec: a file: file, or the
 // fd:NAME descriptor from `fds` (made blocking: the data path blocks).

@@ -216,9 +216,12 @@ Result<MigrationAddress> migration_channels_address(const json &channels, bool i
     return address_from_json((*main)["addr"]);
 }
 
-Status check_transport_for_multifd(const MigrationAddress &addr, bool multifd)
+Status check_transport_for_multifd(const MigrationAddress &addr, bool multifd, bool mapped_ram)
 {
-    if (multifd && !addr.multi_channel()) {
+    if (mapped_ram && addr.transport != MigrationAddress::Transport::File) {
+        return Error("Migration requires seekable transport (e.g. file)");
+    }
+    if (multifd && !addr.multi_channel(mapped_ram)) {
         return Error("Migration requires multi-channel URIs (e.g. tcp)");
     }
     return {};

@@ -22,8 +22,12 @@ struct MigrationAddress {
     std::string fdname;       // Fd: a getfd name or a descriptor number
 
     std::string uri() const;
-    // QEMU's transport_supports_multi_channels(): multifd needs one.
-    bool multi_channel() const { return transport == Transport::Socket; }
+    // QEMU's transport_supports_multi_channels(): multifd needs one (a
+    // file is one with mapped-ram: every channel writes its own pages).
+    bool multi_channel(bool mapped_ram) const
+    {
+        return transport == Transport::Socket || (transport == Transport::File && mapped_ram);
+    }
 };
 
 // "tcp:…", "unix:…", "exec:COMMAND", "file:PATH[,offset=SIZE]" or
@@ -43,6 +47,8 @@ Result<MigrationAddress> migration_channels_address(const json &channels, bool i
 using FdSource = std::function<Result<int>(const std::string &name)>;
 
 // QEMU's migration_channels_and_transport_compatible() for multifd.
-Status check_transport_for_multifd(const MigrationAddress &addr, bool multifd);
+// QEMU's migration_channels_and_transport_compatible(): mapped-ram needs a
+// seekable transport (a file), multifd a multi-channel one.
+Status check_transport_for_multifd(const MigrationAddress &addr, bool multifd, bool mapped_ram);
 
 } // namespace qmigd

@@ -59,9 +59,10 @@ class Peer:
             raise
 
     def set_migration(self, multifd, channels=2, zpd=None, max_bandwidth=0, events=False,
-                      extra_params=None):
+                      extra_params=None, mapped_ram=False):
         caps = [{"capability": "multifd", "state": bool(multifd)},
-                {"capability": "events", "state": bool(events)}]
+                {"capability": "events", "state": bool(events)},
+                {"capability": "mapped-ram", "state": bool(mapped_ram)}]
         self.qmp.cmd("migrate-set-capabilities", capabilities=caps)
         params = {"multifd-channels": channels, "max-bandwidth": max_bandwidth}
         if zpd:

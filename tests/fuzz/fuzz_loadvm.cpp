@@ -1,5 +1,5 @@
-// libFuzzer target: arbitrary bytes as a main channel (plain and multifd
-// configurations) and as a multifd packet header. The decoders must reject
+// libFuzzer target: arbitrary bytes as a main channel (plain, multifd and
+// mapped-ram configurations) and as a multifd packet header. The decoders must reject
 // or accept without touching memory outside what they validated.
 #include <cstdint>
 #include <cstring>
@@ -33,19 +33,36 @@ struct BoundedRam : LoadvmHandler {
         return {};
     }
     Status multifd_flush() override { return {}; }
+    // mapped-ram: the input is the whole file; a header that passes the
+    // checks names regions inside it.
+    uint64_t file_size = 0;
+    Status mapped_ram_block(size_t block, const MappedRamHeader &h) override
+    {
+        if (block != 0) {
+            __builtin_trap();
+        }
+        QMIGD_TRY(mapped_ram_header_check(h, "mem", kBlockSize, file_size));
+        if (h.pages_offset + kBlockSize > file_size ||
+            h.bitmap_offset + mapped_ram_bitmap_size(kBlockSize / TARGET_PAGE_SIZE) > file_size) {
+            __builtin_trap(); // the check let a region outside the file through
+        }
+        return {};
+    }
 };
 
 } // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    for (bool multifd : {false, true}) {
+    for (int mode : {0, 1, 2}) { // plain, multifd, mapped-ram
         LoadvmConfig cfg;
         cfg.blocks = {{"mem", kBlockSize}};
-        cfg.multifd = multifd;
+        cfg.multifd = mode == 1;
+        cfg.mapped_ram = mode == 2;
         MemoryInputStream in(data, size);
         QEMUFileReader f(in, 256);
         BoundedRam ram;
+        ram.file_size = size;
         (void)qemu_loadvm_state(f, cfg, ram);
     }
     if (size >= MULTIFD_PACKET_HEADER_SIZE) {

@@ -48,16 +48,20 @@ TEST_CASE("migration URIs: exec, and multifd needs a multi-channel transport", "
     CHECK(a->transport == MigrationAddress::Transport::Exec);
     CHECK(a->argv == std::vector<std::string>{"/bin/sh", "-c", "gzip -dc < /x.gz"});
     CHECK(a->uri() == "exec:gzip -dc < /x.gz");
-    CHECK_FALSE(a->multi_channel());
-    CHECK(check_transport_for_multifd(*a, false));
-    CHECK(check_transport_for_multifd(*a, true).error().message() ==
+    CHECK_FALSE(a->multi_channel(false));
+    CHECK(check_transport_for_multifd(*a, false, false));
+    CHECK(check_transport_for_multifd(*a, true, false).error().message() ==
           "Migration requires multi-channel URIs (e.g. tcp)");
+    CHECK(check_transport_for_multifd(*a, false, true).error().message() ==
+          "Migration requires seekable transport (e.g. file)");
 
     a = parse_migration_uri("unix:/s");
     REQUIRE(a);
     CHECK(a->transport == MigrationAddress::Transport::Socket);
     CHECK(a->socket.path == "/s");
-    CHECK(check_transport_for_multifd(*a, true));
+    CHECK(check_transport_for_multifd(*a, true, false));
+    CHECK(check_transport_for_multifd(*a, true, true).error().message() ==
+          "Migration requires seekable transport (e.g. file)");
 
     CHECK(parse_migration_uri("vsock:3:4").error().message() ==
           "unknown migration protocol: vsock:3:4");
@@ -70,7 +74,9 @@ TEST_CASE("migration URIs: file with QEMU's offset option", "[daemon][io]")
     CHECK(a->transport == MigrationAddress::Transport::File);
     CHECK(a->filename == "/var/tmp/vm");
     CHECK(a->offset == 0);
-    CHECK_FALSE(a->multi_channel()); // no mapped-ram: one channel
+    CHECK_FALSE(a->multi_channel(false)); // no mapped-ram: one channel
+    CHECK(a->multi_channel(true));         // mapped-ram: one descriptor per channel
+    CHECK(check_transport_for_multifd(*a, true, true));
 
     a = parse_migration_uri("file:/a,b,offset=0x1000");
     REQUIRE(a);

@@ -1,0 +1,208 @@
+#include "daemon/ram_save.h"
+
+#include <algorithm>
+#include <bit>
+
+#include "protocol/mapped_ram.h"
+#include "ramstate/zero_page.h"
+
+namespace qmigd {
+
+RamSave::RamSave(std::vector<RAMBlock> &blocks, ZeroPageDetection zpd, QEMUFileWriter &out,
+                 int main_fd, MultiFDSend *multifd, MappedRamSave *file)
+    : blocks_(blocks), zpd_(zpd), out_(out), main_fd_(main_fd), multifd_(multifd), file_(file)
+{
+    for (const auto &b : blocks_) {
+        descs_.push_back(b.desc);
+        bitmaps_.emplace_back((b.image->pages() + 63) / 64, 0);
+    }
+}
+
+// The MEM_SIZE record. With mapped-ram each block entry is followed by its
+// header, and the stream skips the block's pages region: it goes on at
+// pages_offset + used_length (mapped_ram_setup_ramblock()).
+Status RamSave::put_ram_layout()
+{
+    ByteWriter &w = out_.w();
+    if (!file_) {
+        ram_put_mem_size(w, descs_);
+        return {};
+    }
+    ram_put_mem_size_word(w, descs_);
+    for (size_t i = 0; i < descs_.size(); i++) {
+        ram_put_block_entry(w, descs_[i]);
+        auto pos = out_.offset();
+        QMIGD_TRY(pos);
+        const MappedRamHeader &h = file_->place(i, *pos);
+        mapped_ram_header_put(w, h);
+        QMIGD_TRY(out_.seek(h.pages_offset + descs_[i].used_length));
+    }
+    return {};
+}
+
+void RamSave::mark_all_dirty()
+{
+    for (size_t i = 0; i < blocks_.size(); i++) {
+        uint64_t pages = blocks_[i].image->pages();
+        std::fill(bitmaps_[i].begin(), bitmaps_[i].end(), ~uint64_t(0));
+        if (pages % 64) {
+            bitmaps_[i].back() = (uint64_t(1) << (pages % 64)) - 1;
+        }
+        dirty_pages_ += pages;
+    }
+}
+
+uint64_t RamSave::dirty_sync()
+{
+    uint64_t added = 0;
+    for (size_t i = 0; i < blocks_.size(); i++) {
+        if (!blocks_[i].dirty) {
+            continue;
+        }
+        // Pages written since the last sync are no holes any more.
+        RamImage &img = *blocks_[i].image;
+        added += blocks_[i].dirty->sync_and_clear(
+            bitmaps_[i], [&img](size_t w, uint64_t bits) { img.forget_holes(w, bits); });
+    }
+    dirty_pages_ += added;
+    return added;
+}
+
+// End of a pass over all blocks: every page sent so far must land before
+// the main channel goes on (SYNC on all channels, then MULTIFD_FLUSH). A
+// mapped-ram file has no reader to tell: the channels just finish.
+Status RamSave::round_flush()
+{
+    if (!multifd_) {
+        return {};
+    }
+    QMIGD_TRY(multifd_->sync());
+    if (file_) {
+        return {};
+    }
+    ram_put_flag(out_.w(), RAM_SAVE_FLAG_MULTIFD_FLUSH);
+    return out_.flush();
+}
+
+// Whether load_pages() copies page bytes out of the image (the File path):
+// pages the main thread read go to the channels with their bytes, so the
+// image is read once. On the Mapped path a read is a pointer, free to redo.
+static bool reads_copy(const RAMBlock &b)
+{
+    return b.image->page_paths().read == PageAccess::File;
+}
+
+// Sends the dirty pages of one bitmap word. Pages for multifd zero
+// detection go to the channels unread; the main-thread paths (plain precopy,
+// legacy zero-page detection) load the word's pages with one call per run.
+Status RamSave::send_word(size_t block, size_t word, uint64_t bits)
+{
+    if (multifd_ && zpd_ != ZeroPageDetection::Legacy) {
+        while (bits) {
+            uint64_t page = word * 64 + uint64_t(std::countr_zero(bits));
+            bits &= bits - 1;
+            QMIGD_TRY(multifd_->queue_page(block, page << TARGET_PAGE_BITS));
+        }
+        return {};
+    }
+    RAMBlock &b = blocks_[block];
+    uint64_t offsets[64];
+    const uint8_t *where[64];
+    uint32_t n = 0;
+    for (; bits; bits &= bits - 1) {
+        offsets[n++] = (word * 64 + uint64_t(std::countr_zero(bits))) << TARGET_PAGE_BITS;
+    }
+    QMIGD_TRY(b.image->load_pages(offsets, n, word_buf_.get(), where));
+    if (file_) {
+        return save_word_to_file(block, offsets, where, n);
+    }
+    const bool copied = reads_copy(b);
+    for (uint32_t i = 0; i < n; i++) {
+        bool zero = zpd_ != ZeroPageDetection::None &&
+                    (where[i] == RamImage::zero_data() || buffer_is_zero_page(where[i]));
+        if (zero) {
+            *counter_ += records_.put_zero_page(out_.w(), b.desc, offsets[i]);
+            zero_++;
+        } else if (multifd_) {
+            QMIGD_TRY(multifd_->queue_page(block, offsets[i], copied ? where[i] : nullptr));
+        } else {
+            *counter_ += records_.put_page_header(out_.w(), b.desc, offsets[i]) + TARGET_PAGE_SIZE;
+            out_.w().bytes(where[i], TARGET_PAGE_SIZE);
+            normal_++;
+        }
+        QMIGD_TRY(out_.maybe_flush());
+    }
+    return {};
+}
+
+// mapped-ram, main-thread pages (plain, or legacy zero-page detection):
+// zero pages clear their bit (save_zero_page()), the rest go to their
+// places in the file or, with multifd, to the channels.
+Status RamSave::save_word_to_file(size_t block, const uint64_t *offsets, const uint8_t **where,
+                                  uint32_t n)
+{
+    uint32_t normal = 0;
+    uint64_t keep[64];
+    const bool copied = reads_copy(blocks_[block]);
+    for (uint32_t i = 0; i < n; i++) {
+        bool zero = zpd_ == ZeroPageDetection::Legacy &&
+                    (where[i] == RamImage::zero_data() || buffer_is_zero_page(where[i]));
+        if (zero) {
+            file_->mark_zero(block, offsets[i]);
+            zero_++;
+        } else if (multifd_) {
+            QMIGD_TRY(multifd_->queue_page(block, offsets[i], copied ? where[i] : nullptr));
+        } else {
+            keep[normal] = offsets[i];
+            where[normal++] = where[i];
+        }
+    }
+    if (normal) {
+        QMIGD_TRY(file_->write_pages(main_fd_, block, keep, where, normal));
+        normal_ += normal;
+        file_bytes_ += uint64_t(normal) * TARGET_PAGE_SIZE;
+        *counter_ += uint64_t(normal) * TARGET_PAGE_SIZE;
+    }
+    return {};
+}
+
+Status RamSave::send_dirty(bool until_done, bool *round_done,
+                           const std::function<bool()> &should_yield)
+{
+    *round_done = false;
+    while (cur_block_ < blocks_.size()) {
+        auto &bm = bitmaps_[cur_block_];
+        for (; cur_word_ < bm.size(); cur_word_++) {
+            uint64_t bits = bm[cur_word_];
+            if (bits == 0) {
+                continue;
+            }
+            bm[cur_word_] = 0;
+            dirty_pages_ -= uint64_t(std::popcount(bits));
+            QMIGD_TRY(send_word(cur_block_, cur_word_, bits));
+            if (!until_done && should_yield()) {
+                cur_word_++;
+                return {};
+            }
+        }
+        cur_block_++;
+        cur_word_ = 0;
+    }
+    cur_block_ = 0;
+    *round_done = true;
+    return round_flush();
+}
+
+Status RamSave::write_file_bitmaps()
+{
+    if (!file_) {
+        return {};
+    }
+    auto n = file_->write_bitmaps(out_);
+    QMIGD_TRY(n);
+    file_bytes_ += *n;
+    *counter_ += *n; // downtime bytes by now, as in QEMU
+    return {};
+}
+
+} // namespace qmigd

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Save to and restore from a file with mapped-ram, QEMU 10 against qmigd,
+side by side on the same disk (not /dev/shm: a RAM file system is no disk).
+
+Each round saves the image with QEMU and with qmigd, then restores each
+file with the same program, interleaved; times are from the command until
+the migration completed. The disk's own O_DIRECT sequential write and read
+rates are measured in the same run, so page data rates read as a share of
+what the disk does.
+
+  scripts/bench_file.py                         # 2G mixed, 4 channels, direct-io, 3 rounds
+  scripts/bench_file.py --dir /var/tmp --size 1G --no-direct-io --channels 0
+"""
+import argparse
+import mmap
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
+from runner import Peer, make_image, wait_status, files_equal, remove, unique_name  # noqa: E402
+
+
+def parse_size(text):
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * mult[text[-1]] if text[-1] in mult else int(text)
+
+
+def disk_rates(directory, size=1 << 30, chunk=4 << 20):
+    """Sequential O_DIRECT write then read of `size` bytes: (write, read) MB/s."""
+    path = os.path.join(directory, unique_name("disk") + ".tmp")
+    buf = mmap.mmap(-1, chunk)  # page-aligned, as O_DIRECT wants
+    buf.write(os.urandom(chunk))
+    rates = []
+    try:
+        for flags in (os.O_WRONLY | os.O_CREAT | os.O_TRUNC, os.O_RDONLY):
+            fd = os.open(path, flags | os.O_DIRECT, 0o600)
+            t = time.monotonic()
+            for off in range(0, size, chunk):
+                if flags == os.O_RDONLY:
+                    os.preadv(fd, [buf], off)
+                else:
+                    os.pwrite(fd, buf, off)
+            if flags != os.O_RDONLY:
+                os.fsync(fd)
+            rates.append(size / (time.monotonic() - t) / 1e6)
+            os.close(fd)
+    finally:
+        remove(path)
+    return rates
+
+
+def timed(peer, cmd, uri):
+    t = time.monotonic()
+    peer.qmp.cmd(cmd, uri=uri)
+    info = wait_status(peer, ("completed",), timeout=600)
+    return time.monotonic() - t, info
+
+
+def configure(peer, channels, direct_io):
+    peer.set_migration(channels > 0, max(channels, 1), None, 0, mapped_ram=True,
+                       extra_params={"direct-io": direct_io} if channels else None)
+
+
+def one_round(kind, src_img, size, directory, channels, direct_io):
+    f = os.path.join(directory, unique_name(f"save-{kind}") + ".mig")
+    dst_img = f"/dev/shm/{unique_name('bench-dst')}.ram"
+    try:
+        src = Peer(kind, "source", [("mem", src_img, size)], "bench-src")
+        try:
+            configure(src, channels, direct_io)
+            save, _ = timed(src, "migrate", f"file:{f}")
+        finally:
+            src.stop()
+        file_bytes = os.stat(f).st_blocks * 512
+        os.posix_fadvise(os.open(f, os.O_RDONLY), 0, 0, os.POSIX_FADV_DONTNEED)
+        dst = Peer(kind, "dest", [("mem", dst_img, size)], "bench-dst")
+        try:
+            configure(dst, channels, direct_io)
+            restore, _ = timed(dst, "migrate-incoming", f"file:{f}")
+        finally:
+            dst.stop()
+        if not files_equal(src_img, dst_img):
+            sys.exit(f"{kind}: restored image differs")
+        return save, restore, file_bytes
+    finally:
+        remove(f, dst_img)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default="/var/tmp")
+    ap.add_argument("--size", default="2G")
+    ap.add_argument("--content", default="mixed")
+    ap.add_argument("--channels", type=int, default=4, help="0 = multifd off")
+    ap.add_argument("--no-direct-io", action="store_true")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    size = parse_size(args.size)
+    direct_io = not args.no_direct_io and args.channels > 0
+    directory = tempfile.mkdtemp(prefix="qmigd-bench-file-", dir=args.dir)
+    src_img = f"/dev/shm/{unique_name('bench-src')}.ram"
+    try:
+        make_image(src_img, size, args.content)
+        wr, rd = disk_rates(directory)
+        print(f"disk O_DIRECT: write {wr:.0f} MB/s, read {rd:.0f} MB/s", flush=True)
+        runs = {"qemu": [], "qmigd": []}
+        for r in range(args.repeat):
+            for kind in ("qemu", "qmigd"):
+                save, restore, data = one_round(kind, src_img, size, directory, args.channels,
+                                                direct_io)
+                runs[kind].append((save, restore, data))
+                print(f"  run {r + 1} {kind:>5}: save {save:6.2f} s  restore {restore:6.2f} s  "
+                      f"file data {data / 1e6:.0f} MB", flush=True)
+        med = {k: [statistics.median(x[i] for x in v) for i in range(3)] for k, v in runs.items()}
+        cfg = (f"{args.size} {args.content}, mapped-ram, "
+               f"{'multifd ' + str(args.channels) if args.channels else 'multifd off'}"
+               f"{', direct-io' if direct_io else ''}, median of {args.repeat}")
+        print(f"\n| {cfg} | QEMU 10 | qmigd | qmigd / QEMU |\n|---|---|---|---|")
+        for i, what, disk in ((0, "save", wr), (1, "restore", rd)):
+            q, m = med["qemu"][i], med["qmigd"][i]
+            mbq, mbm = med["qemu"][2] / q / 1e6, med["qmigd"][2] / m / 1e6
+            print(f"| {what} s (MB/s of file data, % of disk) | {q:.2f} ({mbq:.0f}, "
+                  f"{100 * mbq / disk:.0f}%) | {m:.2f} ({mbm:.0f}, {100 * mbm / disk:.0f}%) "
+                  f"| {m / q:.2f}x |")
+    finally:
+        remove(src_img)
+        for name in os.listdir(directory):
+            remove(os.path.join(directory, name))
+        os.rmdir(directory)
+
+
+if __name__ == "__main__":
+    main()
