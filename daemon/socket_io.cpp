@@ -177,11 +177,10 @@ Status pwrite_full(int fd, const void *buf, size_t n, uint64_t offset)
     return pwritev_full(fd, &iov, 1, offset);
 }
 
-Status pread_full(int fd, void *buf, size_t n, uint64_t offset)
+Status preadv_full(int fd, struct iovec *iov, int count, uint64_t offset)
 {
-    auto *p = static_cast<uint8_t *>(buf);
-    while (n > 0) {
-        ssize_t r = ::pread(fd, p, n, off_t(offset));
+    while (count > 0) {
+        ssize_t r = ::preadv(fd, iov, std::min(count, IOV_MAX), off_t(offset));
         if (r < 0 && errno == EINTR) {
             continue;
         }
@@ -189,11 +188,16 @@ Status pread_full(int fd, void *buf, size_t n, uint64_t offset)
             return Error(fmt::format("Unable to read from file at offset 0x{:x}: {}", offset,
                                      r < 0 ? std::strerror(errno) : "unexpected end of file"));
         }
-        p += r;
-        n -= size_t(r);
         offset += uint64_t(r);
+        iov = iov_advance(iov, &count, size_t(r));
     }
     return {};
+}
+
+Status pread_full(int fd, void *buf, size_t n, uint64_t offset)
+{
+    struct iovec iov = {buf, n};
+    return preadv_full(fd, &iov, 1, offset);
 }
 
 void shutdown_fd(int fd)

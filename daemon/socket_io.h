@@ -73,6 +73,7 @@ Status pwritev_full(int fd, struct iovec *iov, int count, uint64_t offset);
 Status pwrite_full(int fd, const void *buf, size_t n, uint64_t offset);
 // Exactly n bytes from a file offset; the end of the file first is an error.
 Status pread_full(int fd, void *buf, size_t n, uint64_t offset);
+Status preadv_full(int fd, struct iovec *iov, int count, uint64_t offset);
 // Wakes a thread blocked on fd (shutdown both directions); idempotent.
 void shutdown_fd(int fd);
 // Makes a dup of a libuv-owned socket that blocks, with TCP_NODELAY.

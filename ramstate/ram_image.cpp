@@ -290,6 +290,17 @@ Status RamImage::prepare_pages(const uint64_t *offsets, uint32_t n, uint8_t *buf
     });
 }
 
+Result<uint8_t *> RamImage::writable_range(uint64_t offset, size_t len)
+{
+    if (offset > size_ || len > size_ - offset) {
+        return Error(fmt::format("RAM image '{}': range 0x{:x}+0x{:x} is outside it", path_,
+                                 offset, len));
+    }
+    clear_known_zero(offset, len);
+    QMIGD_TRY(populate(offset, len, true));
+    return base_ + offset;
+}
+
 Status RamImage::commit_pages(const uint64_t *offsets, uint32_t n, const uint8_t *buf)
 {
     if (paths_.write == PageAccess::Mapped) {

@@ -62,6 +62,11 @@ public:
     Status prepare_pages(const uint64_t *offsets, uint32_t n, uint8_t *buf, struct iovec *iov,
                          int *niov);
     Status commit_pages(const uint64_t *offsets, uint32_t n, const uint8_t *buf);
+    // [offset, offset + len) of the mapping, pre-faulted for writing,
+    // whatever the page path: for a caller that fills it with a file read,
+    // which is one kernel copy with its faults taken inside the kernel
+    // (mapped-ram loads).
+    Result<uint8_t *> writable_range(uint64_t offset, size_t len);
     // Makes the page read as zeros. A page known to be a hole is left alone;
     // any other is read and, only if it holds data, punched out of the file
     // (or cleared where 4 KiB holes cannot be punched).
