@@ -157,7 +157,9 @@ def test_mapped_ram_needs_a_file_as_qemu():
                 dst.set_migration(False, 2, mapped_ram=True)
                 seen[kind] = [try_cmd(src, "migrate", uri="tcp:127.0.0.1:1"),
                               try_cmd(dst, "migrate-incoming", uri="tcp:127.0.0.1:0"),
-                              try_cmd(src, "migrate", uri="exec:cat > /dev/null")]
+                              try_cmd(src, "migrate", uri="exec:cat > /dev/null"),
+                              try_cmd(src, "migrate", uri="fd:mig"),
+                              try_cmd(dst, "migrate-incoming", uri="unix:/tmp/none.sock")]
     check(seen["qmigd"] == seen["qemu"], f"mapped-ram transports: {seen}")
     check(seen["qemu"][0] == "Migration requires seekable transport (e.g. file)", seen)
 
