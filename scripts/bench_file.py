@@ -74,14 +74,18 @@ def one_round(kind, src_img, size, directory, channels, direct_io):
             save, _ = timed(src, "migrate", f"file:{f}")
         finally:
             src.stop()
+        remove(src.log_path)  # kept only when the save failed
         file_bytes = os.stat(f).st_blocks * 512
-        os.posix_fadvise(os.open(f, os.O_RDONLY), 0, 0, os.POSIX_FADV_DONTNEED)
+        fd = os.open(f, os.O_RDONLY)  # the main stream is buffered: drop it
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
         dst = Peer(kind, "dest", [("mem", dst_img, size)], "bench-dst")
         try:
             configure(dst, channels, direct_io)
             restore, _ = timed(dst, "migrate-incoming", f"file:{f}")
         finally:
             dst.stop()
+        remove(dst.log_path)
         if not files_equal(src_img, dst_img):
             sys.exit(f"{kind}: restored image differs")
         return save, restore, file_bytes
