@@ -34,11 +34,7 @@ Result<std::vector<uint64_t>> read_bitmap(const MappedRamFileIn &in, const Mappe
     }
     std::vector<uint64_t> words(raw.size() / 8);
     for (size_t w = 0; w < words.size(); w++) {
-        uint64_t v = 0;
-        for (int k = 7; k >= 0; k--) { // little-endian unsigned longs
-            v = v << 8 | raw[w * 8 + size_t(k)];
-        }
-        words[w] = v;
+        words[w] = get_le64(&raw[w * 8]);
     }
     if (pages % 64) {
         words.back() &= (uint64_t(1) << (pages % 64)) - 1;

@@ -35,13 +35,7 @@ Status MappedRamSave::write_pages(int fd, size_t block, const uint64_t *offsets,
         int niov = 0;
         while (i + run < n && offsets[i + run] == offsets[i] + uint64_t(run) * TARGET_PAGE_SIZE &&
                niov < int(MULTIFD_PACKET_PAGES)) {
-            const uint8_t *p = where[i + run];
-            if (niov && static_cast<const uint8_t *>(iov[niov - 1].iov_base) +
-                                iov[niov - 1].iov_len == p) {
-                iov[niov - 1].iov_len += TARGET_PAGE_SIZE;
-            } else {
-                iov[niov++] = {const_cast<uint8_t *>(p), TARGET_PAGE_SIZE};
-            }
+            iov_append(iov, &niov, where[i + run], TARGET_PAGE_SIZE);
             run++;
         }
         QMIGD_TRY(pwritev_full(fd, iov, niov, b.layout.pages_offset + offsets[i]));
@@ -66,13 +60,9 @@ Result<uint64_t> MappedRamSave::write_bitmaps(QEMUFileWriter &out)
     uint64_t total = 0;
     std::vector<uint8_t> bytes;
     for (const Block &b : blocks_) {
-        // The file holds host unsigned longs: little-endian 64-bit words.
         bytes.resize(b.bmap.size() * 8);
         for (size_t w = 0; w < b.bmap.size(); w++) {
-            uint64_t v = b.bmap[w].load(std::memory_order_relaxed);
-            for (int k = 0; k < 8; k++) {
-                bytes[w * 8 + size_t(k)] = uint8_t(v >> (8 * k));
-            }
+            put_le64(&bytes[w * 8], b.bmap[w].load(std::memory_order_relaxed));
         }
         QMIGD_TRY(out.write_at(bytes.data(), bytes.size(), b.layout.bitmap_offset));
         total += bytes.size();

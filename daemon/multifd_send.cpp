@@ -189,7 +189,7 @@ Status MultiFDSend::write_file_pages(Channel &ch, const MultiFDJob &job, uint32_
     uint64_t offsets[MULTIFD_PACKET_PAGES];
     uint32_t normal = 0;
     for (uint32_t i = 0; i < pages.num; i++) {
-        if (detect_zero_ && (where[i] == RamImage::zero_data() || buffer_is_zero_page(where[i]))) {
+        if (detect_zero_ && RamImage::is_zero_page(where[i])) {
             file_->mark_zero(pages.block, pages.offset[i]);
             ch.zero.fetch_add(1, std::memory_order_relaxed);
             continue;
@@ -227,16 +227,12 @@ Status MultiFDSend::send_packet(Channel &ch, const MultiFDJob *job, uint32_t pac
         uint64_t zeros[MULTIFD_PACKET_PAGES];
         for (uint32_t i = 0; i < num; i++) {
             const uint8_t *page = where[i];
-            if (detect_zero_ && (page == RamImage::zero_data() || buffer_is_zero_page(page))) {
+            if (detect_zero_ && RamImage::is_zero_page(page)) {
                 zeros[zero++] = pages->offset[i];
                 continue;
             }
             offsets[normal++] = pages->offset[i];
-            if (n > 1 && static_cast<const uint8_t *>(iov[n - 1].iov_base) + iov[n - 1].iov_len == page) {
-                iov[n - 1].iov_len += TARGET_PAGE_SIZE;
-            } else {
-                iov[n++] = {const_cast<uint8_t *>(page), TARGET_PAGE_SIZE};
-            }
+            iov_append(iov, &n, page, TARGET_PAGE_SIZE); // the header, on the stack, adjoins no page
         }
         std::copy(zeros, zeros + zero, offsets + normal);
     }

@@ -119,7 +119,7 @@ Status RamSave::send_word(size_t block, size_t word, uint64_t bits)
     const bool copied = reads_copy(b);
     for (uint32_t i = 0; i < n; i++) {
         bool zero = zpd_ != ZeroPageDetection::None &&
-                    (where[i] == RamImage::zero_data() || buffer_is_zero_page(where[i]));
+                    RamImage::is_zero_page(where[i]);
         if (zero) {
             *counter_ += records_.put_zero_page(out_.w(), b.desc, offsets[i]);
             zero_++;
@@ -146,7 +146,7 @@ Status RamSave::save_word_to_file(size_t block, const uint64_t *offsets, const u
     const bool copied = reads_copy(blocks_[block]);
     for (uint32_t i = 0; i < n; i++) {
         bool zero = zpd_ == ZeroPageDetection::Legacy &&
-                    (where[i] == RamImage::zero_data() || buffer_is_zero_page(where[i]));
+                    RamImage::is_zero_page(where[i]);
         if (zero) {
             file_->mark_zero(block, offsets[i]);
             zero_++;

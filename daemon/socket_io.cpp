@@ -154,21 +154,30 @@ bool FdInputStream::seek(uint64_t pos, std::string *err)
     return true;
 }
 
-Status pwritev_full(int fd, struct iovec *iov, int count, uint64_t offset)
+// pwritev/preadv until the iovecs are done: EINTR retried, short transfers
+// continued; `what` names the direction in the error.
+template <typename Op>
+static Status positioned_io(int fd, struct iovec *iov, int count, uint64_t offset, Op op,
+                            const char *what, const char *at_zero)
 {
     while (count > 0) {
-        ssize_t r = ::pwritev(fd, iov, std::min(count, IOV_MAX), off_t(offset));
+        ssize_t r = op(fd, iov, std::min(count, IOV_MAX), off_t(offset));
         if (r < 0 && errno == EINTR) {
             continue;
         }
         if (r <= 0) {
-            return Error(fmt::format("Unable to write to file at offset 0x{:x}: {}", offset,
-                                     r < 0 ? std::strerror(errno) : "no progress"));
+            return Error(fmt::format("Unable to {} file at offset 0x{:x}: {}", what, offset,
+                                     r < 0 ? std::strerror(errno) : at_zero));
         }
         offset += uint64_t(r);
         iov = iov_advance(iov, &count, size_t(r));
     }
     return {};
+}
+
+Status pwritev_full(int fd, struct iovec *iov, int count, uint64_t offset)
+{
+    return positioned_io(fd, iov, count, offset, ::pwritev, "write to", "no progress");
 }
 
 Status pwrite_full(int fd, const void *buf, size_t n, uint64_t offset)
@@ -177,27 +186,10 @@ Status pwrite_full(int fd, const void *buf, size_t n, uint64_t offset)
     return pwritev_full(fd, &iov, 1, offset);
 }
 
-Status preadv_full(int fd, struct iovec *iov, int count, uint64_t offset)
-{
-    while (count > 0) {
-        ssize_t r = ::preadv(fd, iov, std::min(count, IOV_MAX), off_t(offset));
-        if (r < 0 && errno == EINTR) {
-            continue;
-        }
-        if (r <= 0) {
-            return Error(fmt::format("Unable to read from file at offset 0x{:x}: {}", offset,
-                                     r < 0 ? std::strerror(errno) : "unexpected end of file"));
-        }
-        offset += uint64_t(r);
-        iov = iov_advance(iov, &count, size_t(r));
-    }
-    return {};
-}
-
 Status pread_full(int fd, void *buf, size_t n, uint64_t offset)
 {
     struct iovec iov = {buf, n};
-    return preadv_full(fd, &iov, 1, offset);
+    return positioned_io(fd, &iov, 1, offset, ::preadv, "read from", "unexpected end of file");
 }
 
 void shutdown_fd(int fd)

@@ -58,6 +58,24 @@ inline void put_be64(uint8_t *p, uint64_t v)
     put_be32(p + 4, uint32_t(v));
 }
 
+// Little-endian 64-bit words: the host `unsigned long`s of QEMU's bitmaps
+// in files (mapped-ram), whatever our own byte order.
+inline uint64_t get_le64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int k = 7; k >= 0; k--) {
+        v = v << 8 | p[k];
+    }
+    return v;
+}
+
+inline void put_le64(uint8_t *p, uint64_t v)
+{
+    for (int k = 0; k < 8; k++) {
+        p[k] = uint8_t(v >> (8 * k));
+    }
+}
+
 // Appends encoded fields to a caller-owned byte vector, QEMUFile-style
 // (qemu_put_byte / qemu_put_be32 / ...). Never fails.
 class ByteWriter {

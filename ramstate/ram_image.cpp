@@ -132,6 +132,11 @@ const uint8_t *RamImage::zero_data()
     return kZeroPage;
 }
 
+bool RamImage::is_zero_page(const uint8_t *page)
+{
+    return page == kZeroPage || buffer_is_zero_page(page);
+}
+
 // Pre-faults [offset, offset + len), widened to whole backing pages (a huge
 // page is faulted whole anyway). Fails cleanly where a plain touch would
 // SIGBUS (no free huge pages, file system full).

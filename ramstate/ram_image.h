@@ -54,6 +54,9 @@ public:
     Status load_pages(const uint64_t *offsets, uint32_t n, uint8_t *buf,
                       const uint8_t **where) const;
     static const uint8_t *zero_data();
+    // Whether a page load_pages() handed out reads as zero (the shared zero
+    // page without looking, anything else by its bytes).
+    static bool is_zero_page(const uint8_t *page);
 
     // --- destination ---
     // Where to receive the data of n pages: iov[0..*niov) in the mapping

@@ -64,28 +64,30 @@ def configure(peer, channels, direct_io):
                        extra_params={"direct-io": direct_io} if channels else None)
 
 
+def timed_peer(kind, role, img, size, channels, direct_io, cmd, uri):
+    """A fresh peer runs one save or restore; its log stays only if that fails."""
+    peer = Peer(kind, role, [("mem", img, size)], f"bench-{role}")
+    try:
+        configure(peer, channels, direct_io)
+        secs, _ = timed(peer, cmd, uri)
+    finally:
+        peer.stop()
+    remove(peer.log_path)
+    return secs
+
+
 def one_round(kind, src_img, size, directory, channels, direct_io):
     f = os.path.join(directory, unique_name(f"save-{kind}") + ".mig")
     dst_img = f"/dev/shm/{unique_name('bench-dst')}.ram"
     try:
-        src = Peer(kind, "source", [("mem", src_img, size)], "bench-src")
-        try:
-            configure(src, channels, direct_io)
-            save, _ = timed(src, "migrate", f"file:{f}")
-        finally:
-            src.stop()
-        remove(src.log_path)  # kept only when the save failed
+        save = timed_peer(kind, "source", src_img, size, channels, direct_io, "migrate",
+                          f"file:{f}")
         file_bytes = os.stat(f).st_blocks * 512
         fd = os.open(f, os.O_RDONLY)  # the main stream is buffered: drop it
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
-        dst = Peer(kind, "dest", [("mem", dst_img, size)], "bench-dst")
-        try:
-            configure(dst, channels, direct_io)
-            restore, _ = timed(dst, "migrate-incoming", f"file:{f}")
-        finally:
-            dst.stop()
-        remove(dst.log_path)
+        restore = timed_peer(kind, "dest", dst_img, size, channels, direct_io,
+                             "migrate-incoming", f"file:{f}")
         if not files_equal(src_img, dst_img):
             sys.exit(f"{kind}: restored image differs")
         return save, restore, file_bytes
