@@ -137,6 +137,10 @@ QmpResult Daemon::cmd_migrate(const json &args)
     if (opts_.role == Role::Destination) {
         return qmp_error("Guest is waiting for an incoming migration");
     }
+    auto compression = multifd_compression_parse(config_.multifd_compression());
+    if (config_.capability("mapped-ram") && compression != MultiFDCompression::None) {
+        return qmp_error("Cannot use compression with mapped-ram");
+    }
     if (migration_is_running(migration_status())) {
         return qmp_error("There's a migration process in progress");
     }
@@ -160,6 +164,7 @@ QmpResult Daemon::cmd_migrate(const json &args)
     p.link_timeout_ms = opts_.link_timeout_ms;
     p.mapped_ram = config_.capability("mapped-ram");
     p.direct_io = config_.direct_io();
+    p.compression = {*compression, config_.multifd_compression_level()};
     if (auto st = outgoing_->start(*addr, p); !st) {
         return qmp_error(st.error().message());
     }
@@ -184,6 +189,7 @@ QmpResult Daemon::start_incoming(const Result<MigrationAddress> &addr)
     p.link_timeout_ms = opts_.link_timeout_ms;
     p.mapped_ram = config_.capability("mapped-ram");
     p.direct_io = config_.direct_io();
+    p.compression = *multifd_compression_parse(config_.multifd_compression());
     runstate_ = "inmigrate";
     if (auto st = incoming_->start(*addr, p); !st) {
         return qmp_error(st.error().message());

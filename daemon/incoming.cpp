@@ -10,6 +10,7 @@
 #include "daemon/socket_io.h"
 #include "daemon/io/file_channel.h"
 #include "daemon/thread_name.h"
+#include "protocol/multifd_compress.h"
 #include "protocol/multifd_packet.h"
 #include "protocol/wire.h"
 
@@ -151,8 +152,9 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     listener_ = std::make_unique<SocketListener>(
         loop_, 4, [this](PendingConnection *c, const Error *e) { on_prefix(c, e); });
     QMIGD_TRY(listener_->listen(addr.socket));
-    spdlog::info("incoming migration: listening on {} (multifd {}, {} channels)",
-                 listener_->address().uri(), params.multifd ? "on" : "off", params.channels);
+    spdlog::info("incoming migration: listening on {} (multifd {}, {} channels, compression {})",
+                 listener_->address().uri(), params.multifd ? "on" : "off", params.channels,
+                 multifd_method(params.compression).name);
     set_status(MigrationStatus::Setup);
     return {};
 }
@@ -349,11 +351,37 @@ void IncomingMigration::abort_with(const Error &err)
     }
 }
 
+// One receive channel's state, owned by its thread: the packet buffer of
+// the File page path and, with multifd-compression, the stream and its
+// input buffer.
+struct RecvChannelState {
+    std::unique_ptr<uint8_t[]> buf{new uint8_t[MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE]};
+    std::unique_ptr<MultiFDDecompressor> decompressor;
+    std::unique_ptr<uint8_t[]> zbuf;
+};
+
+// Inflates a packet's compressed payload into its pages' places (the
+// runs prepare_pages() gave, page by page in offset order).
+static Status receive_compressed(ChannelReader &in, RecvChannelState &ch, const MultiFDPacket &p,
+                                 const struct iovec *iov, int niov)
+{
+    struct iovec z = {ch.zbuf.get(), p.next_packet_size};
+    QMIGD_TRY(in.readv(&z, 1));
+    uint8_t *pages[MULTIFD_PACKET_PAGES];
+    uint32_t n = 0;
+    for (int k = 0; k < niov; k++) {
+        for (size_t off = 0; off < iov[k].iov_len; off += TARGET_PAGE_SIZE) {
+            pages[n++] = static_cast<uint8_t *>(iov[k].iov_base) + off;
+        }
+    }
+    return ch.decompressor->decompress(ch.zbuf.get(), p.next_packet_size, pages, n);
+}
+
 // Receives a packet's page data into the image (straight into the
-// mapping, or through `buf` and pwrite: the image's page path), and makes
+// mapping, or through ch.buf and pwrite: the image's page path), and makes
 // its zero pages zero.
 static Status receive_packet(ChannelReader &in, RamImage &img, const MultiFDPacket &p,
-                             uint8_t *buf)
+                             RecvChannelState &ch)
 {
     for (uint32_t i = 0; i < p.zero_pages; i++) {
         QMIGD_TRY(img.zero_page(p.offsets[p.normal_pages + i]));
@@ -363,32 +391,44 @@ static Status receive_packet(ChannelReader &in, RamImage &img, const MultiFDPack
     }
     struct iovec iov[MULTIFD_PACKET_PAGES];
     int niov = 0;
-    QMIGD_TRY(img.prepare_pages(p.offsets.data(), p.normal_pages, buf, iov, &niov));
-    QMIGD_TRY(in.readv(iov, niov));
-    return img.commit_pages(p.offsets.data(), p.normal_pages, buf);
+    QMIGD_TRY(img.prepare_pages(p.offsets.data(), p.normal_pages, ch.buf.get(), iov, &niov));
+    if (ch.decompressor) {
+        QMIGD_TRY(receive_compressed(in, ch, p, iov, niov));
+    } else {
+        QMIGD_TRY(in.readv(iov, niov));
+    }
+    return img.commit_pages(p.offsets.data(), p.normal_pages, ch.buf.get());
 }
 
 void IncomingMigration::recv_thread_main(size_t id)
 {
     ChannelReader in(multifd_[id]->fd);
     uint8_t header[MULTIFD_PACKET_HEADER_SIZE];
-    // Page data lands here on the File path: a reused, already-mapped buffer.
-    std::unique_ptr<uint8_t[]> buf(new uint8_t[MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE]);
-    for (;;) {
+    RecvChannelState ch;
+    const MultiFDMethod &method = multifd_method(params_.compression);
+    Status st;
+    if (params_.compression != MultiFDCompression::None) {
+        auto d = method.make_decompressor();
+        st = d.status();
+        if (d) {
+            ch.decompressor = std::move(*d);
+            ch.zbuf.reset(new uint8_t[MULTIFD_COMPRESSED_MAX]);
+        }
+    }
+    while (st) {
         auto got = in.read(header, sizeof(header));
         if (!got || *got == 0) {
             if (!got && !loading_done_) {
-                abort_with(Error(got.error()).prepend(fmt::format("multifd channel {}: ", id)));
+                st = got.status();
             }
             break; // EOF at a packet boundary: the source is done with us
         }
-        auto p = multifd_packet_decode(header, load_cfg_.blocks);
-        Status st = p.status();
+        auto p = multifd_packet_decode(header, load_cfg_.blocks, method.flag);
+        st = p.status();
         if (st) {
-            st = receive_packet(in, *blocks_[p->block].image, *p, buf.get());
+            st = receive_packet(in, *blocks_[p->block].image, *p, ch);
         }
         if (!st) {
-            abort_with(Error(st.error()).prepend(fmt::format("multifd channel {}: ", id)));
             break;
         }
         normal_pages_.fetch_add(p->normal_pages, std::memory_order_relaxed);
@@ -397,6 +437,9 @@ void IncomingMigration::recv_thread_main(size_t id)
         if (p->is_sync() && !sync_->channel_sync(id)) {
             break;
         }
+    }
+    if (!st) {
+        abort_with(Error(st.error()).prepend(fmt::format("multifd channel {}: ", id)));
     }
     sync_->channel_closed(id);
 }

@@ -28,6 +28,7 @@
 #include "daemon/io/migration_address.h"
 #include "daemon/io/socket_channels.h"
 #include "protocol/loadvm.h"
+#include "protocol/multifd_compress.h"
 
 namespace qmigd {
 
@@ -41,6 +42,9 @@ struct IncomingParams {
     // by `channels` threads with multifd; O_DIRECT with direct_io.
     bool mapped_ram = false;
     bool direct_io = false;
+    // multifd-compression: the method every multifd packet with pages must
+    // carry (not used by mapped-ram, whose pages are raw in the file).
+    MultiFDCompression compression = MultiFDCompression::None;
 };
 
 class IncomingMigration {

@@ -15,8 +15,10 @@
 namespace qmigd {
 
 MultiFDSend::MultiFDSend(std::vector<int> fds, const std::vector<RAMBlock> &blocks,
-                         bool detect_zero, const Uuid &uuid, MappedRamSave *file)
-    : blocks_(blocks), detect_zero_(detect_zero), uuid_(uuid), file_(file)
+                         bool detect_zero, const Uuid &uuid, MappedRamSave *file,
+                         MultiFDCompressionParams compression)
+    : blocks_(blocks), detect_zero_(detect_zero), uuid_(uuid), file_(file),
+      compression_(compression)
 {
     for (size_t i = 0; i < fds.size(); i++) {
         auto ch = std::make_unique<Channel>();
@@ -212,6 +214,7 @@ Status MultiFDSend::send_packet(Channel &ch, const MultiFDJob *job, uint32_t pac
     const MultiFDPages *pages = job ? &job->packets[packet] : nullptr;
     uint8_t header[MULTIFD_PACKET_HEADER_SIZE];
     uint64_t offsets[MULTIFD_PACKET_PAGES];
+    const uint8_t *normal_data[MULTIFD_PACKET_PAGES];
     struct iovec iov[1 + MULTIFD_PACKET_PAGES];
     uint32_t normal = 0, zero = 0, num = pages ? pages->num : 0;
     const RAMBlock *block = num ? &blocks_[pages->block] : nullptr;
@@ -220,44 +223,70 @@ Status MultiFDSend::send_packet(Channel &ch, const MultiFDJob *job, uint32_t pac
 
     // Normal pages first, zero pages after them, each in scan order. Page
     // bytes are sent from wherever load_pages() left them (the mapping or
-    // ch.data), with one iovec per contiguous run.
+    // ch.data): one iovec per contiguous run, or compressed into ch.zbuf.
     if (num) {
         const uint8_t *where[MULTIFD_PACKET_PAGES];
         QMIGD_TRY(packet_pages(ch, *job, packet, where));
         uint64_t zeros[MULTIFD_PACKET_PAGES];
         for (uint32_t i = 0; i < num; i++) {
-            const uint8_t *page = where[i];
-            if (detect_zero_ && RamImage::is_zero_page(page)) {
+            if (detect_zero_ && RamImage::is_zero_page(where[i])) {
                 zeros[zero++] = pages->offset[i];
                 continue;
             }
-            offsets[normal++] = pages->offset[i];
-            iov_append(iov, &n, page, TARGET_PAGE_SIZE); // the header, on the stack, adjoins no page
+            offsets[normal] = pages->offset[i];
+            normal_data[normal++] = where[i];
         }
         std::copy(zeros, zeros + zero, offsets + normal);
     }
+    size_t payload = size_t(normal) * TARGET_PAGE_SIZE;
+    if (ch.compressor && job) { // every data packet names the method, SYNC ones do not
+        flags |= multifd_method(compression_.method).flag;
+    }
+    if (ch.compressor && normal) {
+        auto z = ch.compressor->compress(normal_data, normal, ch.zbuf.get(),
+                                         MULTIFD_COMPRESSED_MAX);
+        QMIGD_TRY(z);
+        payload = *z;
+        iov[n++] = {ch.zbuf.get(), payload};
+    } else {
+        for (uint32_t i = 0; i < normal; i++) { // the header, on the stack, adjoins no page
+            iov_append(iov, &n, normal_data[i], TARGET_PAGE_SIZE);
+        }
+    }
     multifd_packet_encode(header, flags, packet_num_.fetch_add(1, std::memory_order_relaxed),
                           block ? std::string_view(block->desc.idstr) : std::string_view(),
-                          offsets, normal, zero);
+                          offsets, normal, zero, uint32_t(payload));
     QMIGD_TRY(writev_full(ch.fd, iov, n));
-    ch.bytes.fetch_add(sizeof(header) + uint64_t(normal) * TARGET_PAGE_SIZE,
-                       std::memory_order_relaxed);
+    ch.bytes.fetch_add(sizeof(header) + payload, std::memory_order_relaxed);
     ch.normal.fetch_add(normal, std::memory_order_relaxed);
     ch.zero.fetch_add(zero, std::memory_order_relaxed);
     return {};
 }
 
+// Channel thread, before its first packet: the init message (sockets
+// only: a file channel has no handshake, nobody reads it in order) and
+// the compression stream.
+Status MultiFDSend::channel_setup(Channel &ch)
+{
+    if (compression_.method != MultiFDCompression::None) {
+        auto c = multifd_method(compression_.method).make_compressor(compression_.level);
+        QMIGD_TRY(c);
+        ch.compressor = std::move(*c);
+        ch.zbuf.reset(new uint8_t[MULTIFD_COMPRESSED_MAX]);
+    }
+    if (file_) {
+        return {};
+    }
+    uint8_t init[MULTIFD_INIT_SIZE];
+    multifd_init_encode(uuid_, uint8_t(ch.id), init);
+    QMIGD_TRY(write_full(ch.fd, init, sizeof(init)));
+    ch.bytes.fetch_add(sizeof(init), std::memory_order_relaxed);
+    return {};
+}
+
 void MultiFDSend::channel_main(Channel &ch)
 {
-    Status st;
-    if (!file_) { // a file channel has no handshake: nobody reads it in order
-        uint8_t init[MULTIFD_INIT_SIZE];
-        multifd_init_encode(uuid_, uint8_t(ch.id), init);
-        st = write_full(ch.fd, init, sizeof(init));
-        if (st) {
-            ch.bytes.fetch_add(sizeof(init), std::memory_order_relaxed);
-        }
-    }
+    Status st = channel_setup(ch);
     std::unique_lock<std::mutex> lk(mu_);
     while (st) {
         ch.cv.wait(lk, [&] { return quit_ || ch.pending_job || ch.pending_sync; });

@@ -8,6 +8,9 @@
 // with one writev, from the image's mapping or from the channel's buffer,
 // whichever page path the image uses (ramstate/page_path.h).
 //
+// With multifd-compression each channel thread also runs one compression
+// stream over its packets' normal pages (protocol/multifd_compress.h).
+//
 // With mapped-ram the channels are descriptors of the migration file, not
 // sockets: no init message, no packet headers and no SYNC packets; a
 // channel writes its normal pages at their fixed offsets and a sync only
@@ -25,6 +28,7 @@
 #include "daemon/mapped_ram_save.h"
 #include "daemon/ram_blocks.h"
 #include "protocol/error.h"
+#include "protocol/multifd_compress.h"
 #include "ramstate/page_buffer.h"
 
 namespace qmigd {
@@ -61,7 +65,8 @@ class MultiFDSend {
 public:
     // `file`: the mapped-ram layout when fds are files; null for sockets.
     MultiFDSend(std::vector<int> fds, const std::vector<RAMBlock> &blocks, bool detect_zero,
-                const Uuid &uuid, MappedRamSave *file = nullptr);
+                const Uuid &uuid, MappedRamSave *file = nullptr,
+                MultiFDCompressionParams compression = {});
     ~MultiFDSend();
 
     // Spawns the channel threads; each sends its init message at once.
@@ -103,6 +108,9 @@ private:
         // Channel thread only: the packet's page data on the File path
         // (page-aligned: O_DIRECT writes it as it is).
         AlignedBuffer data{MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE};
+        // Channel thread only, with compression: the stream and its output.
+        std::unique_ptr<MultiFDCompressor> compressor;
+        std::unique_ptr<uint8_t[]> zbuf;
         // Written by the channel thread, read by query.
         std::atomic<uint64_t> bytes{0};
         std::atomic<uint64_t> normal{0};
@@ -111,6 +119,7 @@ private:
 
     Status send_pending();
     void channel_main(Channel &ch);
+    Status channel_setup(Channel &ch);
     Status send_packet(Channel &ch, const MultiFDJob *job, uint32_t packet, uint32_t flags);
     Status write_file_pages(Channel &ch, const MultiFDJob &job, uint32_t packet);
     // Where packet `packet` of `job` finds its pages' bytes.
@@ -122,6 +131,7 @@ private:
     const bool detect_zero_;
     const Uuid uuid_;
     MappedRamSave *const file_;
+    const MultiFDCompressionParams compression_;
     std::vector<std::unique_ptr<Channel>> channels_;
 
     mutable std::mutex mu_;

@@ -48,7 +48,8 @@ public:
         if (p_.multifd) {
             std::vector<int> mfds(fds.begin() + 1, fds.end());
             multifd_ = std::make_unique<MultiFDSend>(
-                mfds, blocks_, p_.zpd == ZeroPageDetection::Multifd, p_.uuid, file_.get());
+                mfds, blocks_, p_.zpd == ZeroPageDetection::Multifd, p_.uuid, file_.get(),
+                p_.compression);
         }
         ram_ = std::make_unique<RamSave>(blocks_, p_.zpd, out_, main_fd_, multifd_.get(),
                                          file_.get());
@@ -432,11 +433,14 @@ Status OutgoingMigration::start(const MigrationAddress &addr, const OutgoingPara
     stats_ = std::make_unique<Stats>();
     start_time_ = std::chrono::steady_clock::now();
     set_status(MigrationStatus::Setup);
-    spdlog::info("migration: start to {} (multifd {}, {} channels, zero-page-detection {}, "
-                 "{} bytes of RAM)",
+    spdlog::info("migration: start to {} (multifd {}, {} channels, compression {}, "
+                 "zero-page-detection {}, {} bytes of RAM)",
                  addr.uri(), params.multifd ? "on" : "off",
-                 params.multifd ? params.channels : 0, zero_page_detection_name(params.zpd),
-                 total_bytes_);
+                 params.multifd ? params.channels : 0,
+                 multifd_method(params.multifd ? params.compression.method
+                                               : MultiFDCompression::None)
+                     .name,
+                 zero_page_detection_name(params.zpd), total_bytes_);
     uint64_t gen = ++generation_;
     child_.reset();
     if (addr.transport != MigrationAddress::Transport::Socket) {

@@ -28,6 +28,7 @@
 #include "daemon/io/command_channel.h"
 #include "daemon/io/migration_address.h"
 #include "daemon/io/socket_channels.h"
+#include "protocol/multifd_compress.h"
 #include "ramstate/guest_control.h"
 #include "ramstate/zero_page.h"
 
@@ -53,6 +54,8 @@ struct OutgoingParams {
     // channel is a descriptor of the same file, O_DIRECT with direct_io.
     bool mapped_ram = false;
     bool direct_io = false;
+    // multifd-compression (multifd channels only).
+    MultiFDCompressionParams compression;
 };
 
 class OutgoingMigration {

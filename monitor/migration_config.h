@@ -38,6 +38,18 @@ public:
     // "none" | "legacy" | "multifd" (ramstate/zero_page.h parses it).
     const std::string &zero_page_detection() const;
     uint64_t max_bandwidth() const { return params_["max-bandwidth"]; }
+    // "none" | "zlib" | "zstd" (protocol/multifd_compress.h parses it), and
+    // the level of that method (multifd-zlib-level / multifd-zstd-level).
+    const std::string &multifd_compression() const
+    {
+        return params_["multifd-compression"].get_ref<const std::string &>();
+    }
+    int multifd_compression_level() const
+    {
+        const std::string &m = multifd_compression();
+        return m == "zstd" ? params_["multifd-zstd-level"].get<int>()
+                           : params_["multifd-zlib-level"].get<int>();
+    }
     // QEMU's migrate_direct_io(): the parameter counts only with mapped-ram
     // and multifd (the multifd channels are what O_DIRECT applies to).
     bool direct_io() const

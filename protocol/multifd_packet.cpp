@@ -49,7 +49,8 @@ Result<uint8_t> multifd_init_decode(const uint8_t in[MULTIFD_INIT_SIZE], const U
 
 namespace {
 
-Status check_counts(uint32_t pages_alloc, uint32_t normal, uint32_t zero, uint32_t next_size)
+Status check_counts(uint32_t pages_alloc, uint32_t normal, uint32_t zero, uint32_t next_size,
+                    bool compressed)
 {
     if (pages_alloc > MULTIFD_PACKET_PAGES) {
         return Error(fmt::format("multifd: received packet with {} pages, expected {}",
@@ -65,7 +66,10 @@ Status check_counts(uint32_t pages_alloc, uint32_t normal, uint32_t zero, uint32
                                  "maximum {}",
                                  zero, pages_alloc - normal));
     }
-    if (uint64_t(next_size) != uint64_t(normal) * TARGET_PAGE_SIZE) {
+    bool fits = compressed ? (normal ? next_size > 0 && next_size <= MULTIFD_COMPRESSED_MAX
+                                     : next_size == 0)
+                           : uint64_t(next_size) == uint64_t(normal) * TARGET_PAGE_SIZE;
+    if (!fits) {
         return Error(fmt::format("multifd: received packet with next_packet_size {} for {} "
                                  "pages",
                                  next_size, normal));
@@ -76,7 +80,8 @@ Status check_counts(uint32_t pages_alloc, uint32_t normal, uint32_t zero, uint32
 } // namespace
 
 Result<MultiFDPacket> multifd_packet_decode(const uint8_t in[MULTIFD_PACKET_HEADER_SIZE],
-                                            std::span<const RamBlockDesc> blocks)
+                                            std::span<const RamBlockDesc> blocks,
+                                            uint32_t method_flag)
 {
     uint32_t magic = get_be32(in);
     uint32_t version = get_be32(in + 4);
@@ -92,15 +97,22 @@ Result<MultiFDPacket> multifd_packet_decode(const uint8_t in[MULTIFD_PACKET_HEAD
     p.flags = get_be32(in + 8);
     uint32_t pages_alloc = get_be32(in + 12);
     p.normal_pages = get_be32(in + 16);
-    uint32_t next_size = get_be32(in + 20);
+    p.next_packet_size = get_be32(in + 20);
     p.packet_num = get_be64(in + 24);
     p.zero_pages = get_be32(in + 32);
-    if (p.flags & ~MULTIFD_FLAG_SYNC) {
-        return Error(fmt::format("multifd: flags received {:x} flags expected 0 "
-                                 "(compression and device state are not supported)",
-                                 p.flags & ~MULTIFD_FLAG_SYNC));
+    if (p.flags & ~(MULTIFD_FLAG_SYNC | MULTIFD_FLAG_COMPRESSION_MASK)) {
+        return Error(fmt::format("multifd: flags received {:x} (device state packets are not "
+                                 "supported)",
+                                 p.flags));
     }
-    QMIGD_TRY(check_counts(pages_alloc, p.normal_pages, p.zero_pages, next_size));
+    // QEMU looks at a packet's method only when it has pages.
+    uint32_t method = p.flags & MULTIFD_FLAG_COMPRESSION_MASK;
+    if ((p.normal_pages || p.zero_pages) && method != method_flag) {
+        return Error(fmt::format("multifd: flags received {:x} flags expected {:x}", method,
+                                 method_flag));
+    }
+    QMIGD_TRY(check_counts(pages_alloc, p.normal_pages, p.zero_pages, p.next_packet_size,
+                           method_flag != MULTIFD_FLAG_NOCOMP));
 
     uint32_t pages = p.normal_pages + p.zero_pages;
     if (pages == 0) {
@@ -133,7 +145,7 @@ Result<MultiFDPacket> multifd_packet_decode(const uint8_t in[MULTIFD_PACKET_HEAD
 void multifd_packet_encode(uint8_t out[MULTIFD_PACKET_HEADER_SIZE], uint32_t flags,
                            uint64_t packet_num, std::string_view block_idstr,
                            const uint64_t *offsets, uint32_t normal_pages,
-                           uint32_t zero_pages)
+                           uint32_t zero_pages, uint32_t next_packet_size)
 {
     std::memset(out, 0, MULTIFD_PACKET_HEADER_SIZE);
     uint32_t pages = normal_pages + zero_pages;
@@ -142,7 +154,7 @@ void multifd_packet_encode(uint8_t out[MULTIFD_PACKET_HEADER_SIZE], uint32_t fla
     put_be32(out + 8, flags);
     put_be32(out + 12, pages ? MULTIFD_PACKET_PAGES : 0);
     put_be32(out + 16, normal_pages);
-    put_be32(out + 20, uint32_t(normal_pages * TARGET_PAGE_SIZE));
+    put_be32(out + 20, next_packet_size);
     put_be64(out + 24, packet_num);
     put_be32(out + 32, zero_pages);
     if (pages) {

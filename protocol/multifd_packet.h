@@ -25,23 +25,30 @@ struct MultiFDPacket {
     uint32_t flags = 0;
     uint32_t normal_pages = 0;
     uint32_t zero_pages = 0;
+    uint32_t next_packet_size = 0; // bytes of page data after the header
     uint64_t packet_num = 0;
     size_t block = 0; // index into the block table; valid if pages > 0
     std::array<uint64_t, MULTIFD_PACKET_PAGES> offsets{};
 
     bool is_sync() const { return flags & MULTIFD_FLAG_SYNC; }
-    size_t data_bytes() const { return size_t(normal_pages) * TARGET_PAGE_SIZE; }
+    size_t data_bytes() const { return next_packet_size; }
 };
 
 // Every check QEMU 10 makes, plus page alignment, offset + page <= length
-// and next_packet_size == normal pages * 4096.
+// and a payload size that fits the pages: normal pages * 4096 without
+// compression; with it, nothing for no normal pages, else 1 byte up to
+// MULTIFD_COMPRESSED_MAX. `method_flag`: the MULTIFD_FLAG_* of this side's
+// multifd-compression, which every packet with pages must carry.
 Result<MultiFDPacket> multifd_packet_decode(const uint8_t in[MULTIFD_PACKET_HEADER_SIZE],
-                                            std::span<const RamBlockDesc> blocks);
+                                            std::span<const RamBlockDesc> blocks,
+                                            uint32_t method_flag = MULTIFD_FLAG_NOCOMP);
 
-// Fills a 1344-byte header. offsets holds normal then zero page offsets.
+// Fills a 1344-byte header. offsets holds normal then zero page offsets;
+// next_packet_size is the payload's size (normal pages * 4096 unless
+// compressed).
 void multifd_packet_encode(uint8_t out[MULTIFD_PACKET_HEADER_SIZE], uint32_t flags,
                            uint64_t packet_num, std::string_view block_idstr,
                            const uint64_t *offsets, uint32_t normal_pages,
-                           uint32_t zero_pages);
+                           uint32_t zero_pages, uint32_t next_packet_size);
 
 } // namespace qmigd

@@ -67,6 +67,12 @@ constexpr uint32_t MULTIFD_MAGIC = 0x11223344;
 constexpr uint32_t MULTIFD_VERSION = 1;
 constexpr uint32_t MULTIFD_FLAG_SYNC = 1u << 0;
 constexpr uint32_t MULTIFD_FLAG_COMPRESSION_MASK = 0x3e;
+constexpr uint32_t MULTIFD_FLAG_NOCOMP = 0u << 1;
+constexpr uint32_t MULTIFD_FLAG_ZLIB = 1u << 1;
+constexpr uint32_t MULTIFD_FLAG_ZSTD = 2u << 1;
+constexpr uint32_t MULTIFD_FLAG_QPL = 4u << 1;
+constexpr uint32_t MULTIFD_FLAG_UADK = 8u << 1;
+constexpr uint32_t MULTIFD_FLAG_QATZIP = 16u << 1;
 constexpr uint32_t MULTIFD_FLAG_DEVICE_STATE = 1u << 6;
 constexpr size_t MULTIFD_INIT_SIZE = 64;
 constexpr uint32_t MULTIFD_PACKET_PAGES = 128; // 512 KiB / TARGET_PAGE_SIZE
@@ -74,6 +80,11 @@ constexpr size_t MULTIFD_RAMBLOCK_NAME_SIZE = 256;
 constexpr size_t MULTIFD_PACKET_FIXED_SIZE = 64 + MULTIFD_RAMBLOCK_NAME_SIZE;
 constexpr size_t MULTIFD_PACKET_HEADER_SIZE =
     MULTIFD_PACKET_FIXED_SIZE + MULTIFD_PACKET_PAGES * 8; // 1344
+constexpr size_t MULTIFD_PACKET_SIZE = MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE; // uncompressed
+// The most compressed data a packet may carry: what a QEMU 10 receiver
+// reserves ("twice the size of the packet"); every compressor's bound for
+// 512 KiB is below it.
+constexpr size_t MULTIFD_COMPRESSED_MAX = 2 * MULTIFD_PACKET_SIZE;
 
 using Uuid = std::array<uint8_t, 16>;
 

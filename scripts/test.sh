@@ -27,7 +27,7 @@ done
 # packets, QMP input path, HMP, --ram) from its corpus, where clang is there.
 if [ -n "${QMIGD_SANITIZE:-}" ] && command -v clang++ >/dev/null 2>&1; then
     CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQMIGD_FUZZ=ON >/dev/null
-    cmake --build build-fuzz --target fuzz_loadvm fuzz_qmp fuzz_hmp fuzz_ram_option \
+    cmake --build build-fuzz --target fuzz_loadvm fuzz_multifd_compress fuzz_qmp fuzz_hmp fuzz_ram_option \
         -j"$(nproc)" >build-fuzz/build.log 2>&1 || { cat build-fuzz/build.log; exit 1; }
     (cd build-fuzz && ctest --output-on-failure -L fuzz)
 fi

@@ -138,11 +138,12 @@ def wait_status(peer, want, timeout=120.0, progress=None, fail_on=("failed", "ca
 
 
 def migrate(src, dst, multifd, channels=2, zpd="multifd", max_bandwidth=0, timeout=300,
-            progress=None, dst_uri_host="127.0.0.1", events=False, unix_path=None):
+            progress=None, dst_uri_host="127.0.0.1", events=False, unix_path=None, params=None):
     """Configures both sides, runs one migration, returns (src_info, dst_info, seconds).
-    Over TCP to dst_uri_host, or over a unix socket at unix_path."""
-    src.set_migration(multifd, channels, zpd, max_bandwidth, events)
-    dst.set_migration(multifd, channels, None, max_bandwidth, events)
+    Over TCP to dst_uri_host, or over a unix socket at unix_path. `params`:
+    more migration parameters for both sides (multifd-compression, ...)."""
+    src.set_migration(multifd, channels, zpd, max_bandwidth, events, extra_params=params)
+    dst.set_migration(multifd, channels, None, max_bandwidth, events, extra_params=params)
     if unix_path:
         uri = f"unix:{unix_path}"
         dst.qmp.cmd("migrate-incoming", uri=uri)

@@ -67,10 +67,11 @@ def peers(src_kind, dst_kind, imgs, src_extra=None, dst_extra=None):
 
 
 def run_cell(src_kind, dst_kind, size, content, multifd, channels, zpd, dest="fresh",
-             blocks=("mem",), unix_path=None):
+             blocks=("mem",), unix_path=None, params=None):
     """One migration; checks status and byte-identical images. Returns src info."""
     with images(size, content, dest, blocks) as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
-        src_info, dst_info, secs = migrate(s, d, multifd, channels, zpd, unix_path=unix_path)
+        src_info, dst_info, secs = migrate(s, d, multifd, channels, zpd, unix_path=unix_path,
+                                           params=params)
         check(src_info["status"] == "completed", src_info)
         check(dst_info["status"] == "completed", dst_info)
         for name, sp, dp, _ in imgs:
