@@ -10,6 +10,7 @@ machine's limits (`qmigd limits`) that qmigd -> qmigd reached.
   scripts/bench.py --grid                # the whole grid of the speed issue
   scripts/bench.py --content zero,random --channels 0,4 --zpd legacy,multifd
   scripts/bench.py --backing thp --size 2G --limits --out results.md --plot results.png
+  scripts/bench.py --size 2G --content text,mixed --compression zlib,zstd
 
 Backings: shm (/dev/shm, 4 KiB pages), thp (a huge=always tmpfs it mounts),
 hugetlbfs (it mounts one and sets vm.nr_hugepages, restoring both after).
@@ -33,9 +34,9 @@ HUGE_PAGE = 2 << 20
 PAIRS = [("qemu", "qemu"), ("qmigd", "qmigd"), ("qemu", "qmigd"), ("qmigd", "qemu")]
 NAMES = {"qemu": "QEMU", "qmigd": "qmigd"}
 GRID_4K = dict(backing=["shm"], size="4G", content=["zero", "random", "mixed", "text"],
-               channels=[0, 1, 2, 4, 8], zpd=["none", "legacy", "multifd"])
+               channels=[0, 1, 2, 4, 8], zpd=["none", "legacy", "multifd"], compression=["none"])
 GRID_HUGE = dict(backing=["thp", "hugetlbfs"], size="2G", content=["zero", "random", "mixed"],
-                 channels=[4], zpd=["multifd"])
+                 channels=[4], zpd=["multifd"], compression=["none"])
 
 
 def parse_size(text):
@@ -84,7 +85,7 @@ class MemorySampler:
 
 def one_run(pair, src_img, size, cell, verify):
     """One migration; returns a dict of measurements."""
-    backing, content, channels, zpd = cell
+    backing, content, channels, zpd, compression = cell
     dst_img = os.path.join(os.path.dirname(src_img), unique_name("bench-dst") + ".ram")
     src = dst = None
     keep_logs = True  # until the run is known good: a failure keeps them
@@ -94,7 +95,9 @@ def one_run(pair, src_img, size, cell, verify):
         pids = (src.proc.pid, dst.proc.pid)
         c0 = sum(cpu_seconds(p) for p in pids)
         mem = MemorySampler(pids)
-        info, _, secs = migrate(src, dst, channels > 0, max(channels, 1), zpd, events=True)
+        params = {"multifd-compression": compression} if compression != "none" else None
+        info, _, secs = migrate(src, dst, channels > 0, max(channels, 1), zpd, events=True,
+                                params=params)
         cpu = sum(cpu_seconds(p) for p in pids) - c0
         peaks = mem.finish()
         ok = files_equal(src_img, dst_img) if verify else None
@@ -141,7 +144,8 @@ def cells_of(args):
         for content in args.content:
             for ch in args.channels:
                 for zpd in args.zpd:
-                    yield (backing, content, ch, zpd)
+                    for comp in args.compression:
+                        yield (backing, content, ch, zpd, comp)
 
 
 def run_backing(backing, size, args, results, limits):
@@ -199,8 +203,9 @@ def save_json(path, results, limits):
 
 
 def fmt_cell(cell):
-    backing, content, ch, zpd = cell
-    return f"{backing} {content} {'mf' + str(ch) if ch else 'plain'} {zpd}"
+    backing, content, ch, zpd, comp = cell
+    return (f"{backing} {content} {'mf' + str(ch) if ch else 'plain'} {zpd}"
+            + (f" {comp}" if comp != "none" else ""))
 
 
 def machine_bound(cell, runs, size, limits):
@@ -215,8 +220,8 @@ def machine_bound(cell, runs, size, limits):
     in it is enough to allocate and clear it whole). Returns seconds, or
     None without limits."""
     lim = limits.get(cell[0])
-    if not lim or lim.get("tcp_loopback_gbps", 0) <= 0:
-        return None
+    if not lim or lim.get("tcp_loopback_gbps", 0) <= 0 or cell[4] != "none":
+        return None  # compressed: the bound is the compressor's, not measured here
     data = median(runs, "normal") * 4096
     wire = data / (lim["tcp_loopback_gbps"] * 1e9)
     if cell[0] == "shm":
@@ -311,6 +316,7 @@ def main():
     ap.add_argument("--content", default="mixed", help="zero,random,mixed,text")
     ap.add_argument("--channels", default="4", help="comma list; 0 = multifd off")
     ap.add_argument("--zpd", default="multifd", help="none,legacy,multifd")
+    ap.add_argument("--compression", default="none", help="none,zlib,zstd (multifd-compression)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--pairs", default="qemu:qemu,qmigd:qmigd,qemu:qmigd,qmigd:qemu")
     ap.add_argument("--verify", choices=["first", "all"], default="first",
@@ -328,7 +334,7 @@ def main():
             saved = json.load(f)
         results = {}
         for r in saved["runs"]:
-            cell = tuple(r["cell"])
+            cell = tuple(r["cell"]) + ("none",) * (5 - len(r["cell"]))  # older files: no compression
             results.setdefault(cell, {})[tuple(r["pair"])] = r["runs"]
             CELL_SIZE[cell] = r.get("size") or parse_size(
                 GRID_4K["size"] if cell[0] == "shm" else GRID_HUGE["size"])
@@ -344,7 +350,7 @@ def main():
         groups = [dict(backing=args.backing.split(","), size=args.size,
                        content=args.content.split(","),
                        channels=[int(c) for c in args.channels.split(",")],
-                       zpd=args.zpd.split(","))]
+                       zpd=args.zpd.split(","), compression=args.compression.split(","))]
     results, limits = {}, {}
     for g in groups:
         for k, v in g.items():
