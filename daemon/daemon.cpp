@@ -165,6 +165,12 @@ QmpResult Daemon::cmd_migrate(const json &args)
     p.mapped_ram = config_.capability("mapped-ram");
     p.direct_io = config_.direct_io();
     p.compression = {*compression, config_.multifd_compression_level()};
+    auto tls = tls_params(TlsCreds::Endpoint::Client, *addr);
+    if (tls) {
+        p.tls = *tls;
+    } else {
+        p.tls_error = tls.error();
+    }
     if (auto st = outgoing_->start(*addr, p); !st) {
         return qmp_error(st.error().message());
     }
@@ -190,6 +196,11 @@ QmpResult Daemon::start_incoming(const Result<MigrationAddress> &addr)
     p.mapped_ram = config_.capability("mapped-ram");
     p.direct_io = config_.direct_io();
     p.compression = *multifd_compression_parse(config_.multifd_compression());
+    auto tls = tls_params(TlsCreds::Endpoint::Server, *addr);
+    if (!tls) {
+        return qmp_error(tls.error().message());
+    }
+    p.tls = *tls;
     runstate_ = "inmigrate";
     if (auto st = incoming_->start(*addr, p); !st) {
         return qmp_error(st.error().message());
@@ -325,8 +336,55 @@ void Daemon::register_vm_commands()
     });
 }
 
+// QEMU's migrate_tls_creds() & co.: an empty tls-creds means no TLS. The
+// name a server certificate must carry is tls-hostname, else the URI's
+// host (QEMU's s->hostname).
+Result<TlsParams> Daemon::tls_params(TlsCreds::Endpoint endpoint,
+                                     const MigrationAddress &addr) const
+{
+    const json &params = config_.parameters();
+    std::string id = params["tls-creds"];
+    TlsParams t;
+    if (id.empty()) {
+        return t;
+    }
+    if (addr.transport != MigrationAddress::Transport::Socket) {
+        return Error("qmigd: TLS is available on tcp: and unix: migration channels only");
+    }
+    auto creds = objects_.creds(id, endpoint);
+    QMIGD_TRY(creds);
+    t.creds = *creds;
+    t.hostname = params["tls-hostname"];
+    if (t.hostname.empty() && addr.socket.type == SocketAddress::Type::Inet) {
+        t.hostname = addr.socket.host;
+    }
+    std::string authz = params["tls-authz"];
+    if (endpoint == TlsCreds::Endpoint::Server && !authz.empty()) {
+        auto a = objects_.authz(authz);
+        QMIGD_TRY(a);
+        t.authz = *a;
+    }
+    return t;
+}
+
 void Daemon::register_commands()
 {
+    const std::vector<std::string> id_only{"id"};
+    qmp_->register_command("object-add", std::nullopt, [this](const json &a) -> QmpResult {
+        if (auto st = objects_.add(a); !st) {
+            return qmp_error(st.error().message());
+        }
+        return json::object();
+    });
+    qmp_->register_command("object-del", id_only, [this](const json &a) -> QmpResult {
+        if (!a["id"].is_string()) {
+            return qmp_error("Invalid parameter type for 'id', expected: string");
+        }
+        if (auto st = objects_.del(a["id"]); !st) {
+            return qmp_error(st.error().message());
+        }
+        return json::object();
+    });
     register_migration_commands();
     register_vm_commands();
     hmp_register(*qmp_);
@@ -376,6 +434,9 @@ Status Daemon::start()
     auto blocks = ram_blocks_open(opts_.ram_specs, opts_.role == Role::Source, opts_.page_path);
     QMIGD_TRY(blocks);
     blocks_ = std::move(*blocks);
+    for (const auto &spec : opts_.objects) {
+        QMIGD_TRY(objects_.add_option(spec));
+    }
     dispatcher_ = std::make_unique<LoopDispatcher>(&loop_);
     qmp_ = std::make_unique<QmpServer>(&loop_);
     fds_ = std::make_unique<MonitorFds>(*qmp_);

@@ -32,6 +32,8 @@ struct DaemonOptions {
     // A channel whose peer acknowledges nothing for this long fails the
     // migration (dead link); 0 waits as long as the kernel does.
     unsigned link_timeout_ms = 30000;
+    // --object specs (tls-creds-x509, authz-list), created at start.
+    std::vector<std::string> objects;
 };
 
 class Daemon {
@@ -53,6 +55,8 @@ private:
     QmpResult cmd_migrate(const json &args);
     QmpResult cmd_migrate_incoming(const json &args);
     QmpResult start_incoming(const Result<MigrationAddress> &addr);
+    // tls-creds, tls-hostname and tls-authz for a migration over `addr`.
+    Result<TlsParams> tls_params(TlsCreds::Endpoint endpoint, const MigrationAddress &addr) const;
     MigrationStatus migration_status() const;
     json query_status() const;
     void shutdown();
@@ -63,6 +67,7 @@ private:
     std::unique_ptr<QmpServer> qmp_;
     std::unique_ptr<MonitorFds> fds_; // getfd/closefd, for fd: URIs
     MigrationConfig config_;
+    TlsObjects objects_; // object-add: tls-creds-x509, authz-list
     std::vector<RAMBlock> blocks_;
     std::unique_ptr<IncomingMigration> incoming_;
     std::unique_ptr<OutgoingMigration> outgoing_;

@@ -208,6 +208,14 @@ void IncomingMigration::cleanup_channels()
         listener_->close();
         listener_.reset();
     }
+    generation_++;
+    for (int fd : tls_fds_) {
+        shutdown_fd(fd); // ends the handshake; tls_ready() closes it
+    }
+    for (auto &t : tls_threads_) {
+        t.join();
+    }
+    tls_threads_.clear();
     // An exec: command gets EOF or EPIPE from the close below and ends;
     // it is reaped on the loop whenever it does.
     child_.reset();
@@ -250,51 +258,130 @@ void IncomingMigration::on_prefix(PendingConnection *c, const Error *err)
         fail_setup(*err);
         return;
     }
+    if (params_.tls.enabled()) {
+        start_tls(c);
+        return;
+    }
     auto prefix = c->prefix();
     bool is_main = prefix.size() == 4 && get_be32(prefix.data()) == QEMU_VM_FILE_MAGIC;
+    if (params_.multifd && !is_main && prefix.size() < MULTIFD_INIT_SIZE) {
+        c->want(MULTIFD_INIT_SIZE);
+        return;
+    }
+    auto fd = c->take();
+    if (!fd) {
+        fail_setup(fd.error());
+        return;
+    }
+    adopt(std::move(prefix), *fd, nullptr);
+}
+
+void IncomingMigration::adopt(std::vector<uint8_t> prefix, int fd, std::shared_ptr<TlsSession> tls)
+{
+    bool is_main = prefix.size() >= 4 && get_be32(prefix.data()) == QEMU_VM_FILE_MAGIC;
     if (!params_.multifd || is_main) {
         if (main_) {
+            ::close(fd);
             fail_setup(Error(params_.multifd ? "Extra incoming migration connection: a second "
                                                "main channel"
                                              : "Extra incoming migration connection: multifd is "
                                                "off here, but the source opened more than one "
                                                "channel"));
-            c->close();
             return;
         }
-        auto fd = c->take();
-        if (!fd) {
-            fail_setup(fd.error());
-            return;
-        }
-        main_ = Channel{*fd, prefix};
+        main_ = Channel{fd, std::move(prefix), std::move(tls)};
         maybe_start();
         return;
     }
-    if (prefix.size() < MULTIFD_INIT_SIZE) {
-        c->want(MULTIFD_INIT_SIZE);
-        return;
-    }
-    if (auto st = accept_multifd(c); !st) {
-        c->close();
+    if (auto st = accept_multifd(prefix, fd, std::move(tls)); !st) {
+        ::close(fd);
         fail_setup(st.error());
         return;
     }
     maybe_start();
 }
 
-Status IncomingMigration::accept_multifd(PendingConnection *c)
+Status IncomingMigration::accept_multifd(const std::vector<uint8_t> &prefix, int fd,
+                                         std::shared_ptr<TlsSession> tls)
 {
-    auto prefix = c->prefix();
+    if (prefix.size() < MULTIFD_INIT_SIZE) {
+        return Error("multifd: the channel closed before its init message");
+    }
     auto id = multifd_init_decode(prefix.data(), params_.uuid, params_.channels);
     QMIGD_TRY(id);
     if (multifd_[*id]) {
         return Error(fmt::format("multifd: received id '{}' already setup'", *id));
     }
-    auto fd = c->take();
-    QMIGD_TRY(fd);
-    multifd_[*id] = Channel{*fd, {}};
+    multifd_[*id] = Channel{fd, {}, std::move(tls)};
     return {};
+}
+
+// The listener read a TLS ClientHello's first bytes: the connection goes
+// to a thread for the handshake, those bytes with it.
+void IncomingMigration::start_tls(PendingConnection *c)
+{
+    auto raw = c->prefix();
+    auto fd = c->take();
+    if (!fd) {
+        fail_setup(fd.error());
+        return;
+    }
+    set_link_timeout(*fd, params_.link_timeout_ms); // a silent client cannot hold us forever
+    tls_fds_.push_back(*fd);
+    uint64_t gen = generation_;
+    tls_threads_.emplace_back([this, gen, fd = *fd, raw] {
+        set_thread_name("mig/dst/tls");
+        tls_handshake_main(gen, fd, raw);
+    });
+}
+
+void IncomingMigration::tls_handshake_main(uint64_t gen, int fd, std::vector<uint8_t> raw)
+{
+    auto t = TlsSession::server(fd, *params_.tls.creds, params_.tls.authz.get(), std::move(raw));
+    std::shared_ptr<TlsSession> tls;
+    Result<std::vector<uint8_t>> prefix = std::vector<uint8_t>();
+    if (!t) {
+        prefix = t.error();
+    } else {
+        tls = std::move(*t);
+        // The first decrypted bytes say what the channel is: a main
+        // channel's magic, or a multifd init message (64 bytes).
+        std::vector<uint8_t> p(MULTIFD_INIT_SIZE);
+        size_t have = 0, want = 4;
+        while (have < want) {
+            auto r = tls->read(p.data() + have, want - have);
+            if (!r || *r == 0) {
+                prefix = r ? Error("the channel closed before it identified itself")
+                           : r.error();
+                break;
+            }
+            have += *r;
+            if (have == 4 && params_.multifd && get_be32(p.data()) != QEMU_VM_FILE_MAGIC) {
+                want = MULTIFD_INIT_SIZE;
+            }
+        }
+        if (prefix) {
+            p.resize(have);
+            prefix = std::move(p);
+        }
+    }
+    dispatcher_.post([this, gen, fd, prefix, tls] { tls_ready(gen, fd, prefix, tls); });
+}
+
+void IncomingMigration::tls_ready(uint64_t gen, int fd, Result<std::vector<uint8_t>> prefix,
+                                  std::shared_ptr<TlsSession> tls)
+{
+    std::erase(tls_fds_, fd);
+    if (gen != generation_ || status_ != MigrationStatus::Setup) {
+        ::close(fd); // cleaned up or cancelled meanwhile
+        return;
+    }
+    if (!prefix) {
+        ::close(fd);
+        fail_setup(prefix.error());
+        return;
+    }
+    adopt(std::move(*prefix), fd, std::move(tls));
 }
 
 void IncomingMigration::maybe_start()
@@ -402,7 +489,7 @@ static Status receive_packet(ChannelReader &in, RamImage &img, const MultiFDPack
 
 void IncomingMigration::recv_thread_main(size_t id)
 {
-    ChannelReader in(multifd_[id]->fd);
+    ChannelReader in(multifd_[id]->fd, multifd_[id]->tls.get());
     uint8_t header[MULTIFD_PACKET_HEADER_SIZE];
     RecvChannelState ch;
     const MultiFDMethod &method = multifd_method(params_.compression);
@@ -452,7 +539,7 @@ void IncomingMigration::load_thread_main()
             recv_thread_main(i);
         });
     }
-    FdInputStream in(main_->fd, main_->prefix);
+    FdInputStream in(main_->fd, main_->prefix, main_->tls.get());
     QEMUFileReader f(in, 256 * 1024);
     ImageLoadHandler handler(blocks_, sync_.get(), params_.mapped_ram ? &file_in_ : nullptr);
     auto result = qemu_loadvm_state(f, load_cfg_, handler);

@@ -28,6 +28,7 @@
 #include "daemon/io/migration_address.h"
 #include "daemon/io/socket_channels.h"
 #include "protocol/loadvm.h"
+#include "daemon/tls/tls_session.h"
 #include "protocol/multifd_compress.h"
 
 namespace qmigd {
@@ -45,6 +46,9 @@ struct IncomingParams {
     // multifd-compression: the method every multifd packet with pages must
     // carry (not used by mapped-ram, whose pages are raw in the file).
     MultiFDCompression compression = MultiFDCompression::None;
+    // tls-creds (server endpoint) and tls-authz: every socket channel is a
+    // TLS server, classified by its first decrypted bytes.
+    TlsParams tls;
 };
 
 class IncomingMigration {
@@ -73,10 +77,21 @@ private:
     struct Channel {
         int fd = -1;
         std::vector<uint8_t> prefix;
+        std::shared_ptr<TlsSession> tls; // with tls-creds
     };
 
     void on_prefix(PendingConnection *c, const Error *err);
-    Status accept_multifd(PendingConnection *c);
+    // Takes a classified connection: the main channel or a multifd one
+    // (its init message in `prefix`). Closes fd on failure.
+    void adopt(std::vector<uint8_t> prefix, int fd, std::shared_ptr<TlsSession> tls);
+    Status accept_multifd(const std::vector<uint8_t> &prefix, int fd,
+                          std::shared_ptr<TlsSession> tls);
+    // TLS: the handshake and the first decrypted bytes, on a thread of its
+    // own; the result comes back to the loop (tls_ready).
+    void start_tls(PendingConnection *c);
+    void tls_handshake_main(uint64_t generation, int fd, std::vector<uint8_t> raw);
+    void tls_ready(uint64_t generation, int fd, Result<std::vector<uint8_t>> prefix,
+                   std::shared_ptr<TlsSession> tls);
     Status open_mapped_ram(const MigrationAddress &addr, int fd);
     void maybe_start();
     void set_status(MigrationStatus s);
@@ -103,6 +118,11 @@ private:
     std::optional<Channel> main_;
     MappedRamFileIn file_in_; // mapped-ram: main_'s file, and O_DIRECT fds
     std::vector<std::optional<Channel>> multifd_;
+    // TLS handshakes in progress: their threads and sockets (shut down to
+    // abort them). Loop thread only; a handshake thread only posts back.
+    std::vector<std::thread> tls_threads_;
+    std::vector<int> tls_fds_;
+    uint64_t generation_ = 0; // a new migrate-incoming or cleanup: late results are dropped
     std::string runstate_ = "inmigrate";
     std::string error_desc_;
 

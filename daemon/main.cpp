@@ -27,6 +27,9 @@ void add_common(CLI::App *cmd, DaemonOptions &o, std::string &uuid, std::string 
     cmd->add_option("--ram", o.ram_specs, "RAM block: NAME=FILE[,size=BYTES][,dirty=PATH]")
         ->required();
     cmd->add_option("--machine-type", o.machine_type, "machine type name (default: none)");
+    cmd->add_option("--object", o.objects,
+                    "tls-creds-x509,id=ID,dir=DIR,endpoint=client|server[,verify-peer=on|off] "
+                    "or authz-list,id=ID,policy=allow|deny (as QEMU's -object)");
     cmd->add_option("--uuid", uuid, "VM UUID carried by multifd handshakes");
     cmd->add_option("--log-level", level, "trace|debug|info|warn|error|critical|off");
 }

@@ -16,9 +16,9 @@ namespace qmigd {
 
 MultiFDSend::MultiFDSend(std::vector<int> fds, const std::vector<RAMBlock> &blocks,
                          bool detect_zero, const Uuid &uuid, MappedRamSave *file,
-                         MultiFDCompressionParams compression)
+                         MultiFDCompressionParams compression, TlsParams tls)
     : blocks_(blocks), detect_zero_(detect_zero), uuid_(uuid), file_(file),
-      compression_(compression)
+      compression_(compression), tls_(std::move(tls))
 {
     for (size_t i = 0; i < fds.size(); i++) {
         auto ch = std::make_unique<Channel>();
@@ -256,18 +256,23 @@ Status MultiFDSend::send_packet(Channel &ch, const MultiFDJob *job, uint32_t pac
     multifd_packet_encode(header, flags, packet_num_.fetch_add(1, std::memory_order_relaxed),
                           block ? std::string_view(block->desc.idstr) : std::string_view(),
                           offsets, normal, zero, uint32_t(payload));
-    QMIGD_TRY(writev_full(ch.fd, iov, n));
+    QMIGD_TRY(channel_writev(ch.fd, ch.tls.get(), iov, n));
     ch.bytes.fetch_add(sizeof(header) + payload, std::memory_order_relaxed);
     ch.normal.fetch_add(normal, std::memory_order_relaxed);
     ch.zero.fetch_add(zero, std::memory_order_relaxed);
     return {};
 }
 
-// Channel thread, before its first packet: the init message (sockets
-// only: a file channel has no handshake, nobody reads it in order) and
-// the compression stream.
+// Channel thread, before its first packet: the TLS handshake, the init
+// message (sockets only: a file channel has no handshake, nobody reads it
+// in order) and the compression stream.
 Status MultiFDSend::channel_setup(Channel &ch)
 {
+    if (tls_.enabled() && !file_) {
+        auto t = TlsSession::client(ch.fd, *tls_.creds, tls_.hostname);
+        QMIGD_TRY(t);
+        ch.tls = std::move(*t);
+    }
     if (compression_.method != MultiFDCompression::None) {
         auto c = multifd_method(compression_.method).make_compressor(compression_.level);
         QMIGD_TRY(c);
@@ -279,7 +284,7 @@ Status MultiFDSend::channel_setup(Channel &ch)
     }
     uint8_t init[MULTIFD_INIT_SIZE];
     multifd_init_encode(uuid_, uint8_t(ch.id), init);
-    QMIGD_TRY(write_full(ch.fd, init, sizeof(init)));
+    QMIGD_TRY(channel_write(ch.fd, ch.tls.get(), init, sizeof(init)));
     ch.bytes.fetch_add(sizeof(init), std::memory_order_relaxed);
     return {};
 }
@@ -312,6 +317,16 @@ void MultiFDSend::channel_main(Channel &ch)
     lk.unlock();
     if (!st) {
         set_error(Error(st.error()).prepend(fmt::format("multifd channel {}: ", ch.id)));
+    }
+}
+
+void MultiFDSend::terminate_tls()
+{
+    std::lock_guard<std::mutex> lk(mu_); // the channels' sessions are ours while they idle
+    for (auto &ch : channels_) {
+        if (ch->tls && !ch->pending_job && !ch->pending_sync) {
+            ch->tls->bye();
+        }
     }
 }
 

@@ -27,6 +27,7 @@
 
 #include "daemon/mapped_ram_save.h"
 #include "daemon/ram_blocks.h"
+#include "daemon/tls/tls_session.h"
 #include "protocol/error.h"
 #include "protocol/multifd_compress.h"
 #include "ramstate/page_buffer.h"
@@ -66,7 +67,7 @@ public:
     // `file`: the mapped-ram layout when fds are files; null for sockets.
     MultiFDSend(std::vector<int> fds, const std::vector<RAMBlock> &blocks, bool detect_zero,
                 const Uuid &uuid, MappedRamSave *file = nullptr,
-                MultiFDCompressionParams compression = {});
+                MultiFDCompressionParams compression = {}, TlsParams tls = {});
     ~MultiFDSend();
 
     // Spawns the channel threads; each sends its init message at once.
@@ -83,6 +84,11 @@ public:
     // channel has written its SYNC (the caller writes MULTIFD_FLUSH after:
     // the deadlock rule of the wire-format doc, 3.6).
     Status sync();
+
+    // After the last sync, channels idle: ends each channel's TLS session
+    // with close_notify. QEMU 10 destinations take a multifd channel that
+    // ends without one for a failure (multifd-clean-tls-termination).
+    void terminate_tls();
 
     // --- any thread ---
     // Wakes and stops every channel thread (idempotent); fds are shut down.
@@ -108,6 +114,8 @@ private:
         // Channel thread only: the packet's page data on the File path
         // (page-aligned: O_DIRECT writes it as it is).
         AlignedBuffer data{MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE};
+        // Channel thread only (main, once idle: terminate_tls): with TLS.
+        std::unique_ptr<TlsSession> tls;
         // Channel thread only, with compression: the stream and its output.
         std::unique_ptr<MultiFDCompressor> compressor;
         std::unique_ptr<uint8_t[]> zbuf;
@@ -132,6 +140,7 @@ private:
     const Uuid uuid_;
     MappedRamSave *const file_;
     const MultiFDCompressionParams compression_;
+    const TlsParams tls_;
     std::vector<std::unique_ptr<Channel>> channels_;
 
     mutable std::mutex mu_;

@@ -13,6 +13,7 @@
 #include "daemon/socket_io.h"
 #include "daemon/io/file_channel.h"
 #include "daemon/thread_name.h"
+#include "daemon/tls/tls_session.h"
 #include "protocol/savevm.h"
 #include "ramstate/zero_page.h"
 
@@ -49,7 +50,7 @@ public:
             std::vector<int> mfds(fds.begin() + 1, fds.end());
             multifd_ = std::make_unique<MultiFDSend>(
                 mfds, blocks_, p_.zpd == ZeroPageDetection::Multifd, p_.uuid, file_.get(),
-                p_.compression);
+                p_.compression, p_.tls);
         }
         ram_ = std::make_unique<RamSave>(blocks_, p_.zpd, out_, main_fd_, multifd_.get(),
                                          file_.get());
@@ -80,6 +81,7 @@ private:
     const OutgoingParams p_;
     std::vector<RAMBlock> &blocks_;
     int main_fd_;
+    std::unique_ptr<TlsSession> main_tls_; // with tls-creds, after setup's handshake
     QEMUFileWriter out_;
     // mapped-ram: pages go to fixed places in the file, not into the stream.
     std::unique_ptr<MappedRamSave> file_;
@@ -352,6 +354,12 @@ Status OutgoingMigration::Runner::complete()
 
 Status OutgoingMigration::Runner::run()
 {
+    if (p_.tls.enabled() && !p_.mapped_ram) {
+        auto t = TlsSession::client(main_fd_, *p_.tls.creds, p_.tls.hostname);
+        QMIGD_TRY(t);
+        main_tls_ = std::move(*t);
+        out_.set_tls(main_tls_.get());
+    }
     QMIGD_TRY(setup());
     m_.stats_->setup_time_ms = ms_since(m_.start_time_);
     m_.stats_->expected_downtime_ms = int64_t(p_.downtime_limit_ms);
@@ -361,7 +369,11 @@ Status OutgoingMigration::Runner::run()
     QMIGD_TRY(complete());
     if (multifd_) {
         QMIGD_TRY(multifd_->error());
+        multifd_->terminate_tls();
         multifd_->shutdown();
+    }
+    if (main_tls_) {
+        main_tls_->bye();
     }
     publish();
     m_.stats_->remaining_pages = 0;
@@ -443,6 +455,10 @@ Status OutgoingMigration::start(const MigrationAddress &addr, const OutgoingPara
                  zero_page_detection_name(params.zpd), total_bytes_);
     uint64_t gen = ++generation_;
     child_.reset();
+    if (params.tls_error) {
+        on_connected(*params.tls_error);
+        return {};
+    }
     if (addr.transport != MigrationAddress::Transport::Socket) {
         // One file or pipe. QEMU fails both the migration and the command
         // when it cannot be opened.

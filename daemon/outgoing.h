@@ -28,6 +28,7 @@
 #include "daemon/io/command_channel.h"
 #include "daemon/io/migration_address.h"
 #include "daemon/io/socket_channels.h"
+#include "daemon/tls/tls_creds.h"
 #include "protocol/multifd_compress.h"
 #include "ramstate/guest_control.h"
 #include "ramstate/zero_page.h"
@@ -56,6 +57,11 @@ struct OutgoingParams {
     bool direct_io = false;
     // multifd-compression (multifd channels only).
     MultiFDCompressionParams compression;
+    // tls-creds (client endpoint), tls-hostname: every socket channel.
+    TlsParams tls;
+    // Why tls-creds cannot be used: QEMU looks the object up once the
+    // migration runs, so the migration fails with this, not the command.
+    std::optional<Error> tls_error;
 };
 
 class OutgoingMigration {

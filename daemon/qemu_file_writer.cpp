@@ -23,7 +23,7 @@ Status QEMUFileWriter::flush()
     if (err_) {
         return *err_;
     }
-    Status st = buf_.empty() ? Status() : write_full(fd_, buf_.data(), buf_.size());
+    Status st = buf_.empty() ? Status() : channel_write(fd_, tls_, buf_.data(), buf_.size());
     if (!st) {
         err_ = Error(st.error()).prepend("main channel: ");
         return *err_;

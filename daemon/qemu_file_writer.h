@@ -13,11 +13,16 @@
 
 namespace qmigd {
 
+class TlsSession;
+
 class QEMUFileWriter {
 public:
     explicit QEMUFileWriter(int fd) : fd_(fd), w_(buf_) { buf_.reserve(kFlushAt + 4096); }
 
     ByteWriter &w() { return w_; }
+    // From now on writes go through this TLS session (the main channel's,
+    // after its handshake); it outlives the writer's use.
+    void set_tls(TlsSession *tls) { tls_ = tls; }
     // Writes everything queued. Sticky error.
     Status flush();
     // Flushes when enough is queued (call between records).
@@ -39,6 +44,7 @@ private:
     static constexpr size_t kFlushAt = 512 * 1024;
 
     int fd_;
+    TlsSession *tls_ = nullptr;
     std::vector<uint8_t> buf_;
     ByteWriter w_;
     uint64_t written_ = 0;

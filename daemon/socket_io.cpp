@@ -11,6 +11,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "daemon/tls/tls_session.h"
+
 namespace qmigd {
 
 namespace {
@@ -42,15 +44,26 @@ ssize_t FdInputStream::read_some(void *dst, size_t n, std::string *err)
         prefix_pos_ += k;
         return ssize_t(k);
     }
+    auto r = channel_read(fd_, tls_, dst, n);
+    if (!r) {
+        *err = "main channel: " + r.error().message();
+        return -1;
+    }
+    return ssize_t(*r);
+}
+
+Result<size_t> channel_read(int fd, TlsSession *tls, void *dst, size_t n)
+{
+    if (tls) {
+        return tls->read(dst, n);
+    }
     for (;;) {
-        ssize_t r = ::read(fd_, dst, n);
+        ssize_t r = ::read(fd, dst, n);
         if (r >= 0) {
-            return r;
+            return size_t(r);
         }
         if (errno != EINTR) {
-            *err = std::string("main channel: read from migration channel: ") +
-                   std::strerror(errno);
-            return -1;
+            return errno_error("read from migration channel");
         }
     }
 }
@@ -95,13 +108,9 @@ Result<int> ChannelReader::read(void *dst, size_t n)
             QMIGD_TRY(readv(iov, count)); // large: no point in buffering
             return 1;
         }
-        ssize_t r = ::read(fd_, buf_.get(), cap_);
-        if (r < 0 && errno == EINTR) {
-            continue;
-        }
-        if (r < 0) {
-            return errno_error("read from migration channel");
-        }
+        auto got = channel_read(fd_, tls_, buf_.get(), cap_);
+        QMIGD_TRY(got);
+        size_t r = *got;
         if (r == 0) {
             if (!got_any && iov->iov_len == n) {
                 return 0;
@@ -110,7 +119,7 @@ Result<int> ChannelReader::read(void *dst, size_t n)
         }
         got_any = true;
         head_ = 0;
-        tail_ = size_t(r);
+        tail_ = r;
         drain(iov, count);
     }
     return 1;
@@ -119,7 +128,28 @@ Result<int> ChannelReader::read(void *dst, size_t n)
 Status ChannelReader::readv(struct iovec *iov, int count)
 {
     drain(iov, count);
-    return readv_full(fd_, iov, count);
+    if (!tls_) {
+        return readv_full(fd_, iov, count);
+    }
+    while (count > 0) {
+        auto r = tls_->read(iov->iov_base, iov->iov_len);
+        QMIGD_TRY(r);
+        if (*r == 0) {
+            return Error("unexpected end of stream in the middle of a packet");
+        }
+        iov = iov_advance(iov, &count, *r);
+    }
+    return {};
+}
+
+Status channel_writev(int fd, TlsSession *tls, struct iovec *iov, int count)
+{
+    return tls ? tls->writev(iov, count) : writev_full(fd, iov, count);
+}
+
+Status channel_write(int fd, TlsSession *tls, const void *buf, size_t n)
+{
+    return tls ? tls->write(buf, n) : write_full(fd, buf, n);
 }
 
 Status writev_full(int fd, struct iovec *iov, int count)

@@ -18,12 +18,18 @@
 
 namespace qmigd {
 
+class TlsSession;
+
 // Reads the main channel from a blocking fd; `prefix` holds bytes already
 // taken off the socket during classification, delivered first. Errors name
 // the main channel.
 class FdInputStream : public InputStream {
 public:
-    FdInputStream(int fd, std::vector<uint8_t> prefix) : fd_(fd), prefix_(std::move(prefix)) {}
+    // `tls`: the channel's TLS session (may be null), used by this thread.
+    FdInputStream(int fd, std::vector<uint8_t> prefix, TlsSession *tls = nullptr)
+        : fd_(fd), prefix_(std::move(prefix)), tls_(tls)
+    {
+    }
     ssize_t read_some(void *dst, size_t n, std::string *err) override;
     // A file: the prefix is dropped and the fd repositioned.
     bool seek(uint64_t pos, std::string *err) override;
@@ -32,6 +38,7 @@ private:
     int fd_;
     std::vector<uint8_t> prefix_;
     size_t prefix_pos_ = 0;
+    TlsSession *tls_;
 };
 
 // A multifd channel's receive side: small reads (packet headers) come out
@@ -43,8 +50,8 @@ private:
 // 256 KiB that copy was 7% of a receiver's CPU). One thread only.
 class ChannelReader {
 public:
-    explicit ChannelReader(int fd, size_t capacity = 16 * 1024)
-        : fd_(fd), buf_(new uint8_t[capacity]), cap_(capacity)
+    explicit ChannelReader(int fd, TlsSession *tls = nullptr, size_t capacity = 16 * 1024)
+        : fd_(fd), tls_(tls), buf_(new uint8_t[capacity]), cap_(capacity)
     {
     }
     // Exactly n bytes. Returns 1, 0 on EOF before the first byte, or an
@@ -58,6 +65,7 @@ private:
     void drain(struct iovec *&iov, int &count);
 
     int fd_;
+    TlsSession *tls_;
     std::unique_ptr<uint8_t[]> buf_;
     size_t cap_;
     size_t head_ = 0, tail_ = 0; // buffered bytes are buf_[head_, tail_)
@@ -65,6 +73,12 @@ private:
 
 // Fills the whole iovec array (modifies it); EOF is an error.
 Status readv_full(int fd, struct iovec *iov, int count);
+// Up to n bytes of a channel's stream, through its TLS session if it has
+// one; 0 at the end of the stream.
+Result<size_t> channel_read(int fd, TlsSession *tls, void *dst, size_t n);
+// The data channels' writes: through TLS when the channel has a session.
+Status channel_writev(int fd, TlsSession *tls, struct iovec *iov, int count);
+Status channel_write(int fd, TlsSession *tls, const void *buf, size_t n);
 // Writes the whole iovec array (modifies it). EINTR and partial writes handled.
 Status writev_full(int fd, struct iovec *iov, int count);
 Status write_full(int fd, const void *buf, size_t n);

@@ -8,7 +8,8 @@ SUDO=""
 
 need_pkgs=()
 for p in build-essential cmake pkg-config libuv1-dev nlohmann-json3-dev \
-         libcli11-dev libspdlog-dev catch2 python3 zlib1g-dev libzstd-dev; do
+         libcli11-dev libspdlog-dev catch2 python3 zlib1g-dev libzstd-dev \
+         libgnutls28-dev gnutls-bin; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
         || need_pkgs+=("$p")
 done

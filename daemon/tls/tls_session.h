@@ -1,0 +1,67 @@
+// A TLS session over one blocking migration socket (QEMU's QIOChannelTLS
+// with qcrypto_tls_session_check_credentials): the handshake and the peer
+// checks QEMU makes, in its words, then record I/O.
+//
+// Thread ownership: one channel thread at a time (the thread that did the
+// handshake, or the one it was handed to); shutdown_fd() on the socket
+// from any thread wakes it, as for plain sockets.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <sys/uio.h>
+#include <vector>
+
+#include <gnutls/gnutls.h>
+
+#include "daemon/tls/tls_creds.h"
+#include "protocol/error.h"
+
+namespace qmigd {
+
+class TlsSession {
+public:
+    // Source side: checks the server's certificate against the CA and
+    // `hostname` (when the creds verify their peer).
+    static Result<std::unique_ptr<TlsSession>> client(int fd, const TlsCreds &creds,
+                                                      const std::string &hostname);
+    // Destination side: `already_read` are bytes taken off the socket before
+    // anyone knew it spoke TLS (the listener's first read); the handshake
+    // reads them first. With verify-peer the client must show a certificate
+    // the CA signed, and `authz` (may be null) must allow its DN.
+    static Result<std::unique_ptr<TlsSession>> server(int fd, const TlsCreds &creds,
+                                                      const AuthzList *authz,
+                                                      std::vector<uint8_t> already_read);
+    ~TlsSession();
+    TlsSession(const TlsSession &) = delete;
+    TlsSession &operator=(const TlsSession &) = delete;
+
+    // Up to n bytes; 0 at the end of the stream (close_notify, or the peer
+    // closing without one: QEMU 10 sources do not always say goodbye).
+    Result<size_t> read(void *dst, size_t n);
+    // All of iov, in records of up to 16 KiB.
+    Status writev(const struct iovec *iov, int count);
+    Status write(const void *buf, size_t n);
+    // Sends close_notify (the end of what we write); errors are ignored: the
+    // data was acknowledged by the migration already or does not matter.
+    void bye();
+    // The peer's certificate DN, once checked ("" without one).
+    const std::string &peer_name() const { return peer_name_; }
+
+private:
+    TlsSession(int fd) : fd_(fd) {}
+    Status setup(const TlsCreds &creds, bool server);
+    Status handshake();
+    Status check_peer(const std::string &hostname);
+    static ssize_t push(gnutls_transport_ptr_t p, const void *data, size_t n);
+    static ssize_t pull(gnutls_transport_ptr_t p, void *data, size_t n);
+    static int pull_timeout(gnutls_transport_ptr_t p, unsigned ms);
+
+    int fd_;
+    gnutls_session_t s_ = nullptr;
+    std::vector<uint8_t> pending_; // already_read, handed to GnuTLS first
+    size_t pending_pos_ = 0;
+    std::string peer_name_;
+};
+
+} // namespace qmigd

@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""TLS migrations (tls-creds-x509, GnuTLS) against QEMU 10, both ways.
+
+Certificates are made at test time with certtool (scripts/lib/tls_certs.py).
+Byte-identical images QEMU -> qmigd, qmigd -> QEMU and qmigd -> qmigd for
+plain precopy, 4 multifd channels, and multifd with zstd; credentials from
+QMP object-add and from the --object option (QEMU's -object syntax). What
+must fail, compared with what QEMU 10 says in the same place: a server
+certificate from another CA ("The certificate hasn't got a known issuer"),
+a hostname the certificate does not carry, an expired certificate, a
+client DN the destination's authz-list denies, a plain source into a TLS
+destination and a TLS source into a plain one, credentials that do not
+exist or have the wrong endpoint, a world-readable private key. After each
+failure the qmigd peer migrates again."""
+import os
+import shutil
+import socket
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "lib"))
+import tls_certs  # noqa: E402
+from itest import test, main, check  # noqa: E402
+from fixtures import images, peers, MiB  # noqa: E402
+from runner import start_incoming, wait_status, files_equal, migrate  # noqa: E402
+from qmp import QMPError  # noqa: E402
+
+SIZE = 64 * MiB
+ROOT = tempfile.mkdtemp(prefix="qmigd-tls-")
+CA = tls_certs.CA(ROOT)
+OTHER_CA = tls_certs.CA(ROOT, "another CA")
+SERVER = CA.issue(f"{ROOT}/server", "server", "localhost")
+CLIENT = CA.issue(f"{ROOT}/client", "client", "qmigd client")
+ROGUE_SERVER = OTHER_CA.issue(f"{ROOT}/rogue-server", "server", "localhost")
+EXPIRED_SERVER = CA.issue(f"{ROOT}/expired-server", "server", "localhost",
+                          dates=("2020-01-01 00:00:00", "2020-02-01 00:00:00"))
+DIRECTIONS = [("qemu", "qmigd"), ("qmigd", "qemu"), ("qmigd", "qmigd")]
+
+
+def creds(peer, server_dir=SERVER, client_dir=CLIENT, id_="tls0"):
+    """tls-creds-x509 on a peer, for its role, through QMP."""
+    d = server_dir if peer.role == "dest" else client_dir
+    peer.qmp.cmd("object-add", **{"qom-type": "tls-creds-x509", "id": id_, "dir": d,
+                                  "endpoint": "server" if peer.role == "dest" else "client",
+                                  "verify-peer": True})
+
+
+def tls_run(s, d, multifd, params=None, channels=4):
+    p = {"tls-creds": "tls0"}
+    p.update(params or {})
+    return migrate(s, d, multifd, channels, "multifd", params=p)
+
+
+def cell(src_kind, dst_kind, multifd, compression=None):
+    def fn():
+        with images(SIZE, "mixed") as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
+            creds(s)
+            creds(d)
+            extra = {"multifd-compression": compression} if compression else None
+            si, di, _ = tls_run(s, d, multifd, extra)
+            check(si["status"] == "completed" and di["status"] == "completed")
+            _, sp, dp, _ = imgs[0]
+            check(files_equal(sp, dp), "images differ after a TLS migration")
+    fn.__name__ = (f"test_tls_{src_kind}_to_{dst_kind}_{'mf4' if multifd else 'plain'}"
+                   f"{'_' + compression if compression else ''}")
+    test(fn)
+
+
+for src_kind, dst_kind in DIRECTIONS:
+    cell(src_kind, dst_kind, False)
+    cell(src_kind, dst_kind, True)
+    cell(src_kind, dst_kind, True, "zstd")
+
+
+@test
+def test_objects_from_the_command_line():
+    src_obj = ["--object", f"tls-creds-x509,id=tls0,dir={CLIENT},endpoint=client"]
+    dst_obj = ["--object", f"tls-creds-x509,id=tls0,dir={SERVER},endpoint=server,verify-peer=on"]
+    with images(SIZE, "mixed") as imgs, \
+            peers("qmigd", "qmigd", imgs, src_obj, dst_obj) as (s, d):
+        tls_run(s, d, True)
+        _, sp, dp, _ = imgs[0]
+        check(files_equal(sp, dp))
+
+
+def source_failure(dst_dir, expect, params=None, dst_kind="qmigd"):
+    """A qmigd source and a QEMU source against the same kind of bad
+    destination certificate: both fail, with the same error-desc; the qmigd
+    source then migrates to a good destination."""
+    descs = {}
+    for src_kind in ("qemu", "qmigd"):
+        with images(16 * MiB, "mixed") as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
+            creds(s)
+            creds(d, server_dir=dst_dir)
+            p = {"tls-creds": "tls0"}
+            p.update(params or {})
+            s.set_migration(True, 2, "multifd", extra_params=p)
+            d.set_migration(True, 2, extra_params={"tls-creds": "tls0"})
+            port = start_incoming(d)
+            s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+            info = wait_status(s, ("failed",), timeout=30, fail_on=("completed",))
+            descs[src_kind] = info.get("error-desc", "")
+    check(expect in descs["qmigd"], f"qmigd said {descs['qmigd']!r}, wanted {expect!r}")
+    check(descs["qmigd"] == descs["qemu"], descs)
+
+
+@test
+def test_server_certificate_from_another_ca():
+    source_failure(ROGUE_SERVER, "The certificate hasn't got a known issuer")
+
+
+@test
+def test_hostname_the_certificate_lacks():
+    source_failure(SERVER, "Certificate does not match the hostname other.example",
+                   {"tls-hostname": "other.example"})
+
+
+@test
+def test_expired_server_certificate():
+    source_failure(EXPIRED_SERVER, "The certificate")
+
+
+def dest_failure(src_params, dst_params, expect, src_tls=True, dst_kind="qmigd"):
+    """A qmigd destination refuses the source; then takes a good one."""
+    with images(16 * MiB, "mixed") as imgs, peers("qmigd", dst_kind, imgs) as (s, d):
+        creds(s)
+        creds(d)
+        s.set_migration(True, 2, "multifd", extra_params=src_params)
+        d.set_migration(True, 2, extra_params=dst_params)
+        port = start_incoming(d)
+        s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+        info = wait_status(d, ("failed",), timeout=30, fail_on=("completed",))
+        desc = info.get("error-desc", "")
+        check(expect in desc, f"error-desc {desc!r} lacks {expect!r}")
+        wait_status(s, ("failed",), timeout=30, fail_on=("completed",))
+        s.qmp.cmd("cont")
+        tls_run(s, d, True)
+        _, sp, dp, _ = imgs[0]
+        check(files_equal(sp, dp), "the good migration after a refused one differs")
+
+
+@test
+def test_authz_list_denies_a_client():
+    def run(rule_match, expect_ok, dst_kind="qmigd"):
+        with images(16 * MiB, "mixed") as imgs, peers("qmigd", dst_kind, imgs) as (s, d):
+            creds(s)
+            creds(d)
+            d.qmp.cmd("object-add", **{"qom-type": "authz-list", "id": "auth0", "policy": "deny",
+                                       "rules": [{"match": rule_match, "policy": "allow"}]})
+            p = {"tls-creds": "tls0"}
+            s.set_migration(True, 2, "multifd", extra_params=p)
+            d.set_migration(True, 2, extra_params={"tls-creds": "tls0", "tls-authz": "auth0"})
+            port = start_incoming(d)
+            s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+            if expect_ok:
+                wait_status(s, ("completed",), timeout=30)
+                wait_status(d, ("completed",), timeout=30)
+                return None
+            return wait_status(d, ("failed",), timeout=30, fail_on=("completed",))["error-desc"]
+    run(tls_certs.client_dn("qmigd client"), True)
+    run(tls_certs.client_dn("qmigd client"), True, "qemu")  # the same DN text lets QEMU in
+    desc = run(tls_certs.client_dn("someone else"), False)
+    check("TLS x509 authz check for" in desc and "is denied" in desc, desc)
+
+
+@test
+def test_plain_source_into_tls_destination():
+    dest_failure({"tls-creds": ""}, {"tls-creds": "tls0"}, "TLS handshake failed")
+
+
+@test
+def test_tls_source_into_plain_destination():
+    with images(16 * MiB, "mixed") as imgs, peers("qmigd", "qmigd", imgs) as (s, d):
+        creds(s)
+        s.set_migration(True, 2, "multifd", extra_params={"tls-creds": "tls0"})
+        d.set_migration(True, 2)
+        port = start_incoming(d)
+        s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+        wait_status(d, ("failed",), timeout=30, fail_on=("completed",))
+        wait_status(s, ("failed",), timeout=30, fail_on=("completed",))
+        s.qmp.cmd("cont")
+        migrate(s, d, True, 2, "multifd", params={"tls-creds": ""})
+        _, sp, dp, _ = imgs[0]
+        check(files_equal(sp, dp))
+
+
+@test
+def test_creds_errors_as_qemu():
+    # Where the sources connect: a listener that never accepts (the kernel
+    # completes the connections), so only the credentials can fail.
+    sink = socket.create_server(("127.0.0.1", 0), backlog=16)
+    with images(4 * MiB, "zero") as imgs, peers("qemu", "qmigd", imgs) as (qs, qd), \
+            peers("qmigd", "qemu", imgs) as (ms, md), sink:
+        out = {}
+        for kind, src, dst in (("qemu", qs, md), ("qmigd", ms, qd)):
+            errs = []
+            def attempt():
+                try:
+                    src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{sink.getsockname()[1]}")
+                except QMPError as e:
+                    return "refused: " + str(e)
+                info = wait_status(src, ("failed",), timeout=30, fail_on=("completed",))
+                return "failed: " + info.get("error-desc", "")
+            src.set_migration(False, extra_params={"tls-creds": "nosuch"})
+            errs.append(attempt())
+            # Server credentials on a source.
+            src.qmp.cmd("object-add", **{"qom-type": "tls-creds-x509", "id": "srv",
+                                         "dir": SERVER, "endpoint": "server"})
+            src.set_migration(False, extra_params={"tls-creds": "srv"})
+            errs.append(attempt())
+            try:
+                src.qmp.cmd("object-del", id="nosuch")
+                errs.append("accepted")
+            except QMPError as e:
+                errs.append(str(e))
+            src.qmp.cmd("object-del", id="srv")
+            out[kind] = errs
+        check(out["qemu"] == out["qmigd"], out)
+
+
+@test
+def test_world_readable_key_refused():
+    d = f"{ROOT}/loose"
+    shutil.copytree(CLIENT, d)
+    os.chmod(f"{d}/client-key.pem", 0o644)
+    with images(4 * MiB, "zero") as imgs, peers("qmigd", "qmigd", imgs) as (s, _):
+        try:
+            s.qmp.cmd("object-add", **{"qom-type": "tls-creds-x509", "id": "t", "dir": d,
+                                       "endpoint": "client"})
+            check(False, "a world-readable key was accepted")
+        except QMPError as e:
+            check("readable by other users" in str(e), str(e))
+
+
+@test
+def test_zz_cleanup():
+    shutil.rmtree(ROOT, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
