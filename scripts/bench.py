@@ -11,6 +11,7 @@ machine's limits (`qmigd limits`) that qmigd -> qmigd reached.
   scripts/bench.py --content zero,random --channels 0,4 --zpd legacy,multifd
   scripts/bench.py --backing thp --size 2G --limits --out results.md --plot results.png
   scripts/bench.py --size 2G --content text,mixed --compression zlib,zstd
+  scripts/bench.py --size 2G --content random,mixed --tls
 
 Backings: shm (/dev/shm, 4 KiB pages), thp (a huge=always tmpfs it mounts),
 hugetlbfs (it mounts one and sets vm.nr_hugepages, restoring both after).
@@ -83,6 +84,17 @@ class MemorySampler:
         return {p: (status_kib(p, "VmHWM"), self.anon[p]) for p in self.pids}
 
 
+TLS_DIRS = {}  # --tls: {"server": dir, "client": dir}, made once per bench run
+
+
+def tls_setup(src, dst):
+    """tls-creds-x509 on both peers (object-add); returns the parameters."""
+    for peer, end in ((src, "client"), (dst, "server")):
+        peer.qmp.cmd("object-add", **{"qom-type": "tls-creds-x509", "id": "tls0",
+                                      "dir": TLS_DIRS[end], "endpoint": end})
+    return {"tls-creds": "tls0"}
+
+
 def one_run(pair, src_img, size, cell, verify):
     """One migration; returns a dict of measurements."""
     backing, content, channels, zpd, compression = cell
@@ -95,7 +107,9 @@ def one_run(pair, src_img, size, cell, verify):
         pids = (src.proc.pid, dst.proc.pid)
         c0 = sum(cpu_seconds(p) for p in pids)
         mem = MemorySampler(pids)
-        params = {"multifd-compression": compression} if compression != "none" else None
+        params = {"multifd-compression": compression} if compression != "none" else {}
+        if TLS_DIRS:
+            params.update(tls_setup(src, dst))
         info, _, secs = migrate(src, dst, channels > 0, max(channels, 1), zpd, events=True,
                                 params=params)
         cpu = sum(cpu_seconds(p) for p in pids) - c0
@@ -205,7 +219,7 @@ def save_json(path, results, limits):
 def fmt_cell(cell):
     backing, content, ch, zpd, comp = cell
     return (f"{backing} {content} {'mf' + str(ch) if ch else 'plain'} {zpd}"
-            + (f" {comp}" if comp != "none" else ""))
+            + (f" {comp}" if comp != "none" else "") + (" tls" if TLS_DIRS else ""))
 
 
 def machine_bound(cell, runs, size, limits):
@@ -220,8 +234,8 @@ def machine_bound(cell, runs, size, limits):
     in it is enough to allocate and clear it whole). Returns seconds, or
     None without limits."""
     lim = limits.get(cell[0])
-    if not lim or lim.get("tcp_loopback_gbps", 0) <= 0 or cell[4] != "none":
-        return None  # compressed: the bound is the compressor's, not measured here
+    if not lim or lim.get("tcp_loopback_gbps", 0) <= 0 or cell[4] != "none" or TLS_DIRS:
+        return None  # compressed or TLS: the bound is the cipher's or compressor's
     data = median(runs, "normal") * 4096
     wire = data / (lim["tcp_loopback_gbps"] * 1e9)
     if cell[0] == "shm":
@@ -317,6 +331,8 @@ def main():
     ap.add_argument("--channels", default="4", help="comma list; 0 = multifd off")
     ap.add_argument("--zpd", default="multifd", help="none,legacy,multifd")
     ap.add_argument("--compression", default="none", help="none,zlib,zstd (multifd-compression)")
+    ap.add_argument("--tls", action="store_true",
+                    help="every run over TLS (certificates made with certtool)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--pairs", default="qemu:qemu,qmigd:qmigd,qemu:qmigd,qmigd:qemu")
     ap.add_argument("--verify", choices=["first", "all"], default="first",
@@ -343,6 +359,16 @@ def main():
         print(table(results, 0, saved["limits"]))
         return
     args.pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
+    if args.tls:
+        import tempfile
+        import tls_certs
+        root = tempfile.mkdtemp(prefix="qmigd-bench-tls-")
+        ca = tls_certs.CA(root)
+        TLS_DIRS["server"] = ca.issue(f"{root}/server", "server", "localhost")
+        TLS_DIRS["client"] = ca.issue(f"{root}/client", "client", "bench client")
+        import atexit
+        import shutil
+        atexit.register(shutil.rmtree, root, True)
     groups = []
     if args.grid:
         groups = [GRID_HUGE, GRID_4K]  # the short part first: a grid cut short has both
