@@ -1,0 +1,88 @@
+// What the source's loop thread and its migration thread share (QEMU
+// keeps these in MigrationState): the parameters a migration started with,
+// its counters, and the few flags the loop changes while it runs.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "daemon/tls/tls_creds.h"
+#include "protocol/error.h"
+#include "protocol/multifd_compress.h"
+#include "protocol/qemu_format.h"
+#include "ramstate/zero_page.h"
+
+namespace qmigd {
+
+// Copied at `migrate`: a running migration never reads live parameters.
+struct OutgoingParams {
+    bool multifd = false;
+    unsigned channels = 2;
+    ZeroPageDetection zpd = ZeroPageDetection::Multifd;
+    uint64_t max_bandwidth = 0; // bytes/s, 0 = unlimited
+    uint64_t downtime_limit_ms = 300;
+    std::string machine_type = "none";
+    Uuid uuid{};
+    std::string runstate = "running"; // of the VM when the migration starts
+    // auto-converge (QEMU's cpu throttling, applied through GuestControl).
+    bool auto_converge = false;
+    unsigned throttle_initial = 20;
+    unsigned throttle_increment = 10;
+    unsigned max_throttle = 99;
+    unsigned throttle_trigger_threshold = 50;
+    unsigned link_timeout_ms = 30000; // dead-link detection, 0 = never
+    // mapped-ram (file: only): pages at fixed offsets; with multifd each
+    // channel is a descriptor of the same file, O_DIRECT with direct_io.
+    bool mapped_ram = false;
+    bool direct_io = false;
+    // multifd-compression (multifd channels only).
+    MultiFDCompressionParams compression;
+    // tls-creds (client endpoint), tls-hostname: every socket channel.
+    TlsParams tls;
+    // Why tls-creds cannot be used: QEMU looks the object up once the
+    // migration runs, so the migration fails with this, not the command.
+    std::optional<Error> tls_error;
+};
+
+// Counters: written by the migration thread, read by the loop (query).
+struct MigrationStats {
+    std::atomic<uint64_t> main_bytes{0};
+    std::atomic<uint64_t> multifd_bytes{0};
+    std::atomic<uint64_t> normal{0};
+    std::atomic<uint64_t> zero{0};
+    std::atomic<uint64_t> precopy_bytes{0};
+    std::atomic<uint64_t> downtime_bytes{0};
+    std::atomic<uint64_t> remaining_pages{0};
+    std::atomic<uint64_t> dirty_sync_count{0};
+    std::atomic<uint64_t> dirty_pages_rate{0};
+    std::atomic<int64_t> setup_time_ms{0};
+    std::atomic<int64_t> total_time_ms{0}; // set at the end
+    std::atomic<int64_t> downtime_ms{0};
+    std::atomic<int64_t> expected_downtime_ms{0};
+    std::atomic<uint64_t> pages_per_second{0};
+    std::atomic<double> mbps{0};
+    std::atomic<unsigned> cpu_throttle_pct{0};
+};
+
+// One migration's shared state; the loop makes a new one at each start,
+// after the previous migration thread was joined.
+struct MigrationShared {
+    MigrationStats stats;
+    std::chrono::steady_clock::time_point start_time; // set before the thread starts
+    // Set by the loop, read by the migration thread.
+    std::atomic<bool> cancel_requested{false};
+    std::atomic<uint64_t> max_bandwidth{0}; // migrate-set-parameters applies at once
+    std::atomic<bool> vm_running{true};     // stop/cont: the run state sent at switchover
+};
+
+inline int64_t ms_since(std::chrono::steady_clock::time_point t)
+{
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::steady_clock::now() - t)
+        .count();
+}
+
+} // namespace qmigd

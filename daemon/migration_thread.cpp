@@ -1,0 +1,335 @@
+#include "daemon/migration_thread.h"
+
+#include <bit>
+#include <thread>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "daemon/mapped_ram_save.h"
+#include "daemon/multifd_send.h"
+#include "daemon/ram_save.h"
+#include "daemon/tls/tls_session.h"
+#include "protocol/savevm.h"
+#include "ramstate/zero_page.h"
+
+namespace qmigd {
+
+namespace {
+
+// Section ids QEMU 10 uses for a -M none guest.
+constexpr uint32_t kTimerSectionId = 0;
+constexpr uint32_t kRamSectionId = 1;
+constexpr uint32_t kGlobalStateSectionId = 3;
+// A PART section ends after this long (ram_save_iterate's 50 ms slice).
+constexpr auto kSliceTime = std::chrono::milliseconds(50);
+
+} // namespace
+
+MigrationThread::MigrationThread(const OutgoingParams &p, std::vector<RAMBlock> &blocks,
+                                 std::vector<int> fds, MigrationShared &shared,
+                                 GuestControl *guest, MigrationOwner &owner)
+    : p_(p), blocks_(blocks), shared_(shared), guest_(guest), owner_(owner),
+      main_fd_(fds[0]), out_(fds[0])
+{
+    if (p_.mapped_ram) {
+        file_ = std::make_unique<MappedRamSave>(blocks_);
+    }
+    if (p_.multifd) {
+        std::vector<int> mfds(fds.begin() + 1, fds.end());
+        multifd_ = std::make_unique<MultiFDSend>(
+            mfds, blocks_, p_.zpd == ZeroPageDetection::Multifd, p_.uuid, file_.get(),
+            p_.compression, p_.tls);
+    }
+    ram_ = std::make_unique<RamSave>(blocks_, p_.zpd, out_, main_fd_, multifd_.get(),
+                                     file_.get());
+    ram_->count_bytes_in(&shared_.stats.precopy_bytes);
+}
+
+MigrationThread::~MigrationThread()
+{
+    ::close(main_fd_);
+}
+
+uint64_t MigrationThread::transferred() const
+{
+    return out_.bytes_total() + (multifd_ ? multifd_->bytes() : 0) + ram_->file_bytes();
+}
+
+
+// A dirty sync (migration_bitmap_sync()), with its statistics, the dirty
+// rate period and the log line.
+uint64_t MigrationThread::dirty_sync()
+{
+    uint64_t added = ram_->dirty_sync();
+    last_sync_dirty_ = ram_->dirty_pages();
+    period_dirty_pages_ += added;
+    uint64_t n = shared_.stats.dirty_sync_count.fetch_add(1) + 1;
+    shared_.stats.remaining_pages = ram_->dirty_pages();
+    if (Clock::now() - period_start_ > std::chrono::seconds(1)) {
+        end_period();
+    }
+    owner_.post_pass(n);
+    spdlog::info("migration: dirty sync {}: {} pages dirty ({} new, dirty rate {} pages/s, "
+                 "throttle {}%)",
+                 n, ram_->dirty_pages(), added, shared_.stats.dirty_pages_rate.load(),
+                 shared_.stats.cpu_throttle_pct.load());
+    return added;
+}
+
+// Once a second at most, like migration_bitmap_sync(): the dirty page rate
+// of the period and QEMU's auto-converge trigger -- when the guest dirtied
+// more than throttle-trigger-threshold % of what was sent, twice in a row,
+// throttle it harder.
+void MigrationThread::end_period()
+{
+    auto now = Clock::now();
+    double secs = std::chrono::duration<double>(now - period_start_).count();
+    uint64_t xfer = transferred() - period_xfer_start_;
+    uint64_t dirty_bytes = period_dirty_pages_ * TARGET_PAGE_SIZE;
+    shared_.stats.dirty_pages_rate = uint64_t(double(period_dirty_pages_) / secs);
+    if (p_.auto_converge && guest_ && !downtime_ &&
+        dirty_bytes > xfer * p_.throttle_trigger_threshold / 100 && ++dirty_rate_high_cnt_ >= 2) {
+        dirty_rate_high_cnt_ = 0;
+        unsigned pct = guest_->throttle();
+        pct = pct == 0 ? p_.throttle_initial : std::min(pct + p_.throttle_increment, p_.max_throttle);
+        guest_->set_throttle(pct);
+        shared_.stats.cpu_throttle_pct = pct;
+        spdlog::info("migration: auto-converge: guest throttled to {}%", pct);
+    }
+    period_start_ = now;
+    period_xfer_start_ = transferred();
+    period_dirty_pages_ = 0;
+}
+
+Status MigrationThread::check_cancel()
+{
+    if (shared_.cancel_requested) {
+        return Error("migration cancelled");
+    }
+    return {};
+}
+
+void MigrationThread::publish()
+{
+    auto &s = shared_.stats;
+    // Pages and bitmaps the migration thread wrote into a mapped-ram file
+    // count as main channel bytes.
+    s.main_bytes = out_.bytes_total() + ram_->file_bytes();
+    s.multifd_bytes = multifd_ ? multifd_->bytes() : 0;
+    s.normal = ram_->normal_pages() + (multifd_ ? multifd_->normal_pages() : 0);
+    s.zero = ram_->zero_pages() + (multifd_ ? multifd_->zero_pages() : 0);
+    s.remaining_pages = ram_->dirty_pages();
+    int64_t active_ms = ms_since(shared_.start_time) - s.setup_time_ms;
+    if (active_ms > 0) {
+        s.mbps = double(transferred()) * 8 / double(active_ms) / 1000;
+        s.pages_per_second = (s.normal + s.zero) * 1000 / uint64_t(active_ms);
+    }
+}
+
+Status MigrationThread::setup()
+{
+    if (multifd_) {
+        multifd_->start();
+    }
+    ByteWriter &w = out_.w();
+    savevm_put_header(w);
+    static constexpr std::string_view kMappedRam[] = {"mapped-ram"};
+    savevm_put_configuration(w, p_.machine_type, nullptr,
+                             p_.mapped_ram ? std::span<const std::string_view>(kMappedRam)
+                                           : std::span<const std::string_view>());
+    // The first bytes leave at once: a QEMU destination's main loop stalls
+    // peeking at a connection until 4 bytes are there (wire-format 7.1).
+    QMIGD_TRY(out_.flush());
+    savevm_put_section_header(w, QEMU_VM_SECTION_START, kRamSectionId, "ram", 0,
+                              RAM_SECTION_VERSION);
+    QMIGD_TRY(ram_->put_ram_layout());
+    // Dirty sync 1: every page is to be sent; what the guest marked so far is
+    // already covered, so the shared bitmaps start clean.
+    ram_->mark_all_dirty();
+    dirty_sync();
+    // Never-written ranges go out as zero pages without being read. Learnt
+    // after the sync: a page written from here on is dirty again.
+    for (auto &b : blocks_) {
+        b.image->scan_holes();
+    }
+    QMIGD_TRY(ram_->round_flush());
+    ram_put_flag(w, RAM_SAVE_FLAG_EOS);
+    savevm_put_footer(w, kRamSectionId);
+    return out_.flush();
+}
+
+// Sends dirty pages from the cursor (ram_save.h); a slice ends after
+// kSliceTime or when the rate window is used up.
+Status MigrationThread::send_dirty(bool until_done, bool *round_done)
+{
+    auto slice_start = Clock::now();
+    return ram_->send_dirty(until_done, round_done, [&] {
+        return Clock::now() - slice_start > kSliceTime || over_rate();
+    });
+}
+
+bool MigrationThread::over_rate()
+{
+    uint64_t bw = shared_.max_bandwidth;
+    if (bw != rate_bw_) { // unlimited, or changed by migrate-set-parameters
+        rate_bw_ = bw;
+        rate_start_ = Clock::now();
+        rate_start_bytes_ = transferred();
+    }
+    if (bw == 0) {
+        return false;
+    }
+    double allowed = double(bw) * std::chrono::duration<double>(Clock::now() - rate_start_).count();
+    return double(transferred() - rate_start_bytes_) > allowed;
+}
+
+Status MigrationThread::rate_limit_wait()
+{
+    // Sleep in small steps until the budget catches up, so cancel and
+    // bandwidth changes take effect quickly.
+    while (over_rate()) {
+        QMIGD_TRY(check_cancel());
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return {};
+}
+
+Status MigrationThread::send_part(bool *round_done)
+{
+    savevm_put_section_continue(out_.w(), QEMU_VM_SECTION_PART, kRamSectionId);
+    QMIGD_TRY(send_dirty(false, round_done));
+    ram_put_flag(out_.w(), RAM_SAVE_FLAG_EOS);
+    shared_.stats.precopy_bytes += 8;
+    savevm_put_footer(out_.w(), kRamSectionId);
+    QMIGD_TRY(out_.flush());
+    publish();
+    QMIGD_TRY(check_cancel());
+    return rate_limit_wait();
+}
+
+// Every 100 ms, like migration_update_counters(): the bandwidth of the
+// last window gives the switchover threshold (bandwidth x downtime-limit)
+// and the expected downtime.
+void MigrationThread::update_counters()
+{
+    auto now = Clock::now();
+    double secs = std::chrono::duration<double>(now - update_start_).count();
+    if (secs < 0.1) {
+        return;
+    }
+    uint64_t bytes = transferred();
+    double bw = secs > 0 ? double(bytes - update_bytes_) / secs : 0; // bytes/s
+    update_start_ = now;
+    update_bytes_ = bytes;
+    threshold_ = uint64_t(bw * double(p_.downtime_limit_ms) / 1000);
+    if (bw > 0) {
+        // What stopping now would leave: at least the dirty set of the last
+        // sync (the guest keeps re-dirtying it while we send), not just the
+        // unsent rest of it, which drops to zero at every round's end.
+        uint64_t pending = std::max(ram_->dirty_pages(), last_sync_dirty_) * TARGET_PAGE_SIZE;
+        shared_.stats.expected_downtime_ms = int64_t(double(pending) * 1000 / bw);
+    }
+    publish();
+}
+
+// migration_iteration_run(): while the remaining dirty memory is above what
+// can be sent within downtime-limit, send another PART; when it drops
+// below, sync the dirty bitmap and, if it is still below, switch over.
+Status MigrationThread::iterate()
+{
+    update_start_ = Clock::now();
+    update_bytes_ = transferred();
+    for (;;) {
+        // As QEMU 10: sync for the exact figure only when the estimate is
+        // under the threshold; switch over when nothing is left or it is
+        // under the threshold. (Nothing left before the first bandwidth
+        // measurement switches over without a sync: END syncs anyway.)
+        uint64_t pending = ram_->dirty_pages() * TARGET_PAGE_SIZE;
+        if (pending < threshold_) {
+            dirty_sync();
+            pending = ram_->dirty_pages() * TARGET_PAGE_SIZE;
+        }
+        if (pending == 0 || pending < threshold_) {
+            return {};
+        }
+        bool round_done = false;
+        QMIGD_TRY(send_part(&round_done));
+        update_counters();
+    }
+}
+
+Status MigrationThread::complete()
+{
+    auto stop_time = Clock::now();
+    if (guest_) {
+        // The guest finishes the page in flight and acknowledges; only then
+        // does the final dirty sync run, so no write is lost. A guest that
+        // does not answer, or a cancel meanwhile, leaves it running.
+        Status st = guest_->pause(std::chrono::seconds(5), &shared_.cancel_requested);
+        if (!st) {
+            owner_.resume_guest_if_running();
+            return st;
+        }
+    }
+    // What QEMU's global_state_store() records at switchover: whether the
+    // VM runs now (a `stop` or `cont` during the migration counts).
+    const bool running = shared_.vm_running.load();
+    downtime_ = true;
+    ram_->count_bytes_in(&shared_.stats.downtime_bytes);
+    owner_.post_status(MigrationStatus::Active, MigrationStatus::Device);
+    ByteWriter &w = out_.w();
+    savevm_put_command(w, MIG_CMD_SWITCHOVER_START);
+    savevm_put_section_continue(w, QEMU_VM_SECTION_END, kRamSectionId);
+    dirty_sync();
+    // Everything left, wrapping as often as needed; send_dirty() ends each
+    // pass with the multifd sync, so the last page is followed by one.
+    bool round_done = false;
+    do {
+        QMIGD_TRY(send_dirty(true, &round_done));
+    } while (ram_->dirty_pages() > 0);
+    // After the channels' last page: ram_save_file_bmap().
+    QMIGD_TRY(ram_->write_file_bitmaps());
+    ram_put_flag(w, RAM_SAVE_FLAG_EOS);
+    savevm_put_footer(w, kRamSectionId);
+    savevm_put_timer(w, kTimerSectionId);
+    savevm_put_globalstate(w, kGlobalStateSectionId, running ? "running" : "paused");
+    savevm_put_eof_and_vmdesc(w);
+    QMIGD_TRY(out_.flush());
+    shared_.stats.downtime_ms = ms_since(stop_time);
+    return {};
+}
+
+Status MigrationThread::run()
+{
+    if (p_.tls.enabled() && !p_.mapped_ram) {
+        auto t = TlsSession::client(main_fd_, *p_.tls.creds, p_.tls.hostname);
+        QMIGD_TRY(t);
+        main_tls_ = std::move(*t);
+        out_.set_tls(main_tls_.get());
+    }
+    QMIGD_TRY(setup());
+    shared_.stats.setup_time_ms = ms_since(shared_.start_time);
+    shared_.stats.expected_downtime_ms = int64_t(p_.downtime_limit_ms);
+    owner_.post_status(MigrationStatus::Setup, MigrationStatus::Active);
+    QMIGD_TRY(iterate());
+    QMIGD_TRY(complete());
+    if (multifd_) {
+        QMIGD_TRY(multifd_->error());
+        multifd_->terminate_tls();
+        multifd_->shutdown();
+    }
+    if (main_tls_) {
+        main_tls_->bye();
+    }
+    publish();
+    shared_.stats.remaining_pages = 0;
+    shared_.stats.dirty_pages_rate = 0;
+    shared_.stats.total_time_ms = ms_since(shared_.start_time);
+    int64_t active = shared_.stats.total_time_ms - shared_.stats.setup_time_ms;
+    shared_.stats.mbps = active > 0 ? double(transferred()) * 8 / double(active) / 1000 : 0;
+    return {};
+}
+
+} // namespace qmigd

@@ -1,0 +1,104 @@
+// The source's migration thread (QEMU's migration_thread() with
+// ram_save_setup/iterate/complete): writes the main channel, walks the
+// dirty bitmaps through RamSave (ram_save.h), hands pages to the multifd
+// senders, keeps the rate limit, decides switchover and drives
+// auto-converge. It shares only MigrationShared with the loop and reaches
+// its owner only through MigrationOwner.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "daemon/migration_state.h"
+#include "daemon/migration_status.h"
+#include "daemon/qemu_file_writer.h"
+#include "daemon/ram_blocks.h"
+#include "protocol/error.h"
+#include "ramstate/guest_control.h"
+
+namespace qmigd {
+
+class MappedRamSave;
+class MultiFDSend;
+class RamSave;
+class TlsSession;
+
+// What the migration thread asks of the migration's owner, from the
+// migration thread.
+class MigrationOwner {
+public:
+    // A status change, applied on the loop thread if the status is still
+    // `from` then (a cancel may have come in between: migrate_set_state()).
+    virtual void post_status(MigrationStatus from, MigrationStatus to) = 0;
+    // A dirty sync finished round n (the owner tells the monitor).
+    virtual void post_pass(uint64_t n) = 0;
+    // Un-pauses the guest unless the user paused the VM.
+    virtual void resume_guest_if_running() = 0;
+
+protected:
+    ~MigrationOwner() = default;
+};
+
+// The migration thread's state and steps. Lives on the migration thread.
+class MigrationThread {
+public:
+    // fds: the main channel, then the multifd channels; closed at the end.
+    MigrationThread(const OutgoingParams &p, std::vector<RAMBlock> &blocks, std::vector<int> fds,
+                    MigrationShared &shared, GuestControl *guest, MigrationOwner &owner);
+    ~MigrationThread();
+
+    Status run();
+
+private:
+    using Clock = std::chrono::steady_clock;
+
+    Status setup();
+    Status iterate();
+    void update_counters();
+    Status complete();
+    Status send_part(bool *round_done);
+    Status send_dirty(bool until_done, bool *round_done);
+    uint64_t dirty_sync();
+    void end_period();
+    Status rate_limit_wait();
+    void publish();
+    Status check_cancel();
+    // Bytes written so far: main channel, multifd channels, mapped-ram file.
+    uint64_t transferred() const;
+
+    const OutgoingParams p_;
+    std::vector<RAMBlock> &blocks_;
+    MigrationShared &shared_;
+    GuestControl *const guest_; // may be null
+    MigrationOwner &owner_;
+    int main_fd_;
+    std::unique_ptr<TlsSession> main_tls_; // with tls-creds, after setup's handshake
+    QEMUFileWriter out_;
+    // mapped-ram: pages go to fixed places in the file, not into the stream.
+    std::unique_ptr<MappedRamSave> file_;
+    std::unique_ptr<MultiFDSend> multifd_;
+    std::unique_ptr<RamSave> ram_; // the bitmaps and the page walk (ram_save.h)
+    bool downtime_ = false; // VM stopped: records count as downtime bytes
+    // Rate limit: bytes actually written (main + multifd) may not run ahead
+    // of max-bandwidth x time since the reference point. Measuring what was
+    // written, not what was queued, keeps the long-run rate exact even though
+    // the channels lag the main thread by a few packets.
+    bool over_rate();
+    Clock::time_point rate_start_;
+    uint64_t rate_start_bytes_ = 0;
+    uint64_t rate_bw_ = 0; // max-bandwidth the reference point was taken for
+    // Bandwidth measurement (migration_update_counters).
+    Clock::time_point update_start_;
+    uint64_t update_bytes_ = 0;
+    uint64_t threshold_ = 0; // bytes that fit in downtime-limit; 0 until measured
+    // Dirty-rate period (migration_update_rates) and auto-converge state.
+    Clock::time_point period_start_ = Clock::now();
+    uint64_t period_xfer_start_ = 0;
+    uint64_t period_dirty_pages_ = 0;
+    unsigned dirty_rate_high_cnt_ = 0;
+    uint64_t last_sync_dirty_ = 0; // dirty pages right after the last sync
+};
+
+} // namespace qmigd
