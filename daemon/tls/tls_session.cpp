@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <gnutls/x509.h>
 
 namespace qmigd {
@@ -114,6 +115,11 @@ Status TlsSession::handshake()
     } while (ret < 0 && !gnutls_error_is_fatal(ret));
     if (ret < 0) {
         return tls_error("TLS handshake failed", ret);
+    }
+    if (spdlog::should_log(spdlog::level::debug)) {
+        char *desc = gnutls_session_get_desc(s_);
+        spdlog::debug("tls: fd {} session {}", fd_, desc ? desc : "?");
+        gnutls_free(desc);
     }
     return {};
 }
