@@ -126,7 +126,7 @@ Status TlsSession::handshake()
 
 // qcrypto_tls_session_check_certificate(): the chain, each certificate's
 // dates, the first one's name.
-Status TlsSession::check_peer(const std::string &hostname)
+Status TlsSession::check_peer(bool client, const std::string &hostname)
 {
     unsigned status = 0;
     int ret = gnutls_certificate_verify_peers2(s_, &status);
@@ -175,7 +175,10 @@ Status TlsSession::check_peer(const std::string &hostname)
             if (gnutls_x509_crt_get_dn(crt, dn, &len) == 0) {
                 peer_name_.assign(dn, strnlen(dn, sizeof(dn)));
             }
-            if (!hostname.empty() && !gnutls_x509_crt_check_hostname(crt, hostname.c_str())) {
+            if (client && hostname.empty()) { // a unix: socket without tls-hostname
+                return Error("No hostname for certificate validation");
+            }
+            if (client && !gnutls_x509_crt_check_hostname(crt, hostname.c_str())) {
                 return Error(fmt::format("Certificate does not match the hostname {}", hostname));
             }
         }
@@ -190,7 +193,7 @@ Result<std::unique_ptr<TlsSession>> TlsSession::client(int fd, const TlsCreds &c
     QMIGD_TRY(t->setup(creds, false));
     QMIGD_TRY(t->handshake());
     if (creds.verify_peer()) {
-        QMIGD_TRY(t->check_peer(hostname));
+        QMIGD_TRY(t->check_peer(true, hostname));
     }
     return t;
 }
@@ -204,7 +207,7 @@ Result<std::unique_ptr<TlsSession>> TlsSession::server(int fd, const TlsCreds &c
     QMIGD_TRY(t->setup(creds, true));
     QMIGD_TRY(t->handshake());
     if (creds.verify_peer()) {
-        QMIGD_TRY(t->check_peer(""));
+        QMIGD_TRY(t->check_peer(false, ""));
         if (authz && !authz->is_allowed(t->peer_name_)) {
             return Error(fmt::format("TLS x509 authz check for {} is denied", t->peer_name_));
         }

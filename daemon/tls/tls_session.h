@@ -52,7 +52,8 @@ private:
     TlsSession(int fd) : fd_(fd) {}
     Status setup(const TlsCreds &creds, bool server);
     Status handshake();
-    Status check_peer(const std::string &hostname);
+    // QEMU's order: chain, dates, then (client) the server's name.
+    Status check_peer(bool client, const std::string &hostname);
     static ssize_t push(gnutls_transport_ptr_t p, const void *data, size_t n);
     static ssize_t pull(gnutls_transport_ptr_t p, void *data, size_t n);
     static int pull_timeout(gnutls_transport_ptr_t p, unsigned ms);

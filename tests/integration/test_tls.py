@@ -32,6 +32,7 @@ OTHER_CA = tls_certs.CA(ROOT, "another CA")
 SERVER = CA.issue(f"{ROOT}/server", "server", "localhost")
 CLIENT = CA.issue(f"{ROOT}/client", "client", "qmigd client")
 ROGUE_SERVER = OTHER_CA.issue(f"{ROOT}/rogue-server", "server", "localhost")
+ROGUE_CLIENT = OTHER_CA.issue(f"{ROOT}/rogue-client", "client", "qmigd client")
 EXPIRED_SERVER = CA.issue(f"{ROOT}/expired-server", "server", "localhost",
                           dates=("2020-01-01 00:00:00", "2020-02-01 00:00:00"))
 DIRECTIONS = [("qemu", "qmigd"), ("qmigd", "qemu"), ("qmigd", "qmigd")]
@@ -161,6 +162,63 @@ def test_authz_list_denies_a_client():
     run(tls_certs.client_dn("qmigd client"), True, "qemu")  # the same DN text lets QEMU in
     desc = run(tls_certs.client_dn("someone else"), False)
     check("TLS x509 authz check for" in desc and "is denied" in desc, desc)
+
+
+@test
+def test_client_certificate_from_another_ca():
+    with images(16 * MiB, "mixed") as imgs, peers("qmigd", "qmigd", imgs) as (s, d):
+        creds(s, client_dir=ROGUE_CLIENT, id_="rogue")
+        creds(s)
+        creds(d)
+        s.set_migration(True, 2, "multifd", extra_params={"tls-creds": "rogue"})
+        d.set_migration(True, 2, extra_params={"tls-creds": "tls0"})
+        port = start_incoming(d)
+        s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+        desc = wait_status(d, ("failed",), timeout=30, fail_on=("completed",))["error-desc"]
+        # GnuTLS sends no certificate the server's CA did not sign: QEMU's
+        # words for that are the same.
+        check("Verify failed: No certificate was found." in desc, desc)
+        wait_status(s, ("failed",), timeout=30, fail_on=("completed",))
+        s.qmp.cmd("cont")
+        tls_run(s, d, True)
+        _, sp, dp, _ = imgs[0]
+        check(files_equal(sp, dp))
+
+
+def unix_tls(src_kind):
+    """TLS over a unix socket: the URI has no host, so the server's name is
+    tls-hostname; without one the source refuses, as QEMU 10 does."""
+    path = f"/tmp/qmigd-tls-{os.getpid()}-{src_kind}.sock"
+    try:
+        with images(SIZE, "mixed") as imgs, peers(src_kind, "qmigd", imgs) as (s, d):
+            creds(s)
+            creds(d)
+            s.set_migration(True, 4, "multifd", extra_params={"tls-creds": "tls0"})
+            d.set_migration(True, 4, extra_params={"tls-creds": "tls0"})
+            d.qmp.cmd("migrate-incoming", uri=f"unix:{path}")
+            s.qmp.cmd("migrate", uri=f"unix:{path}")
+            desc = wait_status(s, ("failed",), timeout=30, fail_on=("completed",))["error-desc"]
+            check(desc == "No hostname for certificate validation", desc)
+            wait_status(d, ("failed",), timeout=30, fail_on=("completed",))
+            if src_kind == "qmigd":
+                s.qmp.cmd("cont")
+            migrate(s, d, True, 4, "multifd", unix_path=path,
+                    params={"tls-creds": "tls0", "tls-hostname": "localhost"})
+            _, sp, dp, _ = imgs[0]
+            check(files_equal(sp, dp))
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+
+
+@test
+def test_tls_over_unix_qemu_to_qmigd():
+    unix_tls("qemu")
+
+
+@test
+def test_tls_over_unix_qmigd_to_qmigd():
+    unix_tls("qmigd")
 
 
 @test
