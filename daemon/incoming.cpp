@@ -145,7 +145,7 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
             }
         }
         set_status(MigrationStatus::Setup);
-        main_ = Channel{*fd, {}};
+        main_ = Channel{*fd, {}, nullptr};
         maybe_start();
         return {};
     }
@@ -320,6 +320,16 @@ Status IncomingMigration::accept_multifd(const std::vector<uint8_t> &prefix, int
 // to a thread for the handshake, those bytes with it.
 void IncomingMigration::start_tls(PendingConnection *c)
 {
+    // A source opens 1 + channels connections; more handshakes at once than
+    // twice that are someone else's, and each would hold a thread.
+    size_t limit = 2 * (1 + (params_.multifd ? params_.channels : 0));
+    if (tls_fds_.size() >= limit) {
+        spdlog::warn("incoming migration: {} TLS handshakes in progress already, connection "
+                     "closed",
+                     tls_fds_.size());
+        c->close();
+        return;
+    }
     auto raw = c->prefix();
     auto fd = c->take();
     if (!fd) {

@@ -104,6 +104,9 @@ Status TlsSession::setup(const TlsCreds &creds, bool server)
     gnutls_transport_set_push_function(s_, push);
     gnutls_transport_set_pull_function(s_, pull);
     gnutls_transport_set_pull_timeout_function(s_, pull_timeout);
+    // A peer that connects and says nothing fails the handshake (and so the
+    // migration, on either side) after 40 s instead of holding it forever.
+    gnutls_handshake_set_timeout(s_, GNUTLS_DEFAULT_HANDSHAKE_TIMEOUT);
     return {};
 }
 

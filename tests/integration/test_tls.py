@@ -243,6 +243,33 @@ def test_tls_source_into_plain_destination():
 
 
 @test
+def test_silent_connections_hold_no_more_than_their_share():
+    """Silent clients on a TLS listener: 2 x (1 + channels) handshakes at
+    once, further connections are closed at once; when the silent ones go,
+    the migration fails and the daemon takes the next one."""
+    with images(16 * MiB, "mixed") as imgs, peers("qmigd", "qmigd", imgs) as (s, d):
+        creds(s)
+        creds(d)
+        d.set_migration(True, 2, extra_params={"tls-creds": "tls0"})
+        port = start_incoming(d)
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(6)]
+        for h in held:
+            h.sendall(b"\x16\x03\x01\x00")  # a ClientHello that never goes on
+        extra = socket.create_connection(("127.0.0.1", port))
+        extra.sendall(b"\x16\x03\x01\x00")
+        extra.settimeout(10)
+        check(extra.recv(1) == b"", "the connection over the limit was kept")
+        extra.close()
+        check(d.status()["status"] == "setup")
+        for h in held:
+            h.close()
+        wait_status(d, ("failed",), timeout=30, fail_on=("completed",))
+        tls_run(s, d, True, channels=2)
+        _, sp, dp, _ = imgs[0]
+        check(files_equal(sp, dp))
+
+
+@test
 def test_creds_errors_as_qemu():
     # Where the sources connect: a listener that never accepts (the kernel
     # completes the connections), so only the credentials can fail.
