@@ -235,6 +235,14 @@ void IncomingMigration::cleanup_channels()
     }
 }
 
+// QEMU's migration_ioc_process_incoming(): a channel that starts with the
+// stream's magic is the main one; with multifd, anything else is a multifd
+// channel's init message.
+static bool is_main_channel(const std::vector<uint8_t> &prefix)
+{
+    return prefix.size() >= 4 && get_be32(prefix.data()) == QEMU_VM_FILE_MAGIC;
+}
+
 void IncomingMigration::on_prefix(PendingConnection *c, const Error *err)
 {
     if (status_ == MigrationStatus::Active) {
@@ -263,8 +271,7 @@ void IncomingMigration::on_prefix(PendingConnection *c, const Error *err)
         return;
     }
     auto prefix = c->prefix();
-    bool is_main = prefix.size() == 4 && get_be32(prefix.data()) == QEMU_VM_FILE_MAGIC;
-    if (params_.multifd && !is_main && prefix.size() < MULTIFD_INIT_SIZE) {
+    if (params_.multifd && !is_main_channel(prefix) && prefix.size() < MULTIFD_INIT_SIZE) {
         c->want(MULTIFD_INIT_SIZE);
         return;
     }
@@ -278,8 +285,7 @@ void IncomingMigration::on_prefix(PendingConnection *c, const Error *err)
 
 void IncomingMigration::adopt(std::vector<uint8_t> prefix, int fd, std::shared_ptr<TlsSession> tls)
 {
-    bool is_main = prefix.size() >= 4 && get_be32(prefix.data()) == QEMU_VM_FILE_MAGIC;
-    if (!params_.multifd || is_main) {
+    if (!params_.multifd || is_main_channel(prefix)) {
         if (main_) {
             ::close(fd);
             fail_setup(Error(params_.multifd ? "Extra incoming migration connection: a second "
@@ -336,7 +342,6 @@ void IncomingMigration::start_tls(PendingConnection *c)
         fail_setup(fd.error());
         return;
     }
-    set_link_timeout(*fd, params_.link_timeout_ms); // a silent client cannot hold us forever
     tls_fds_.push_back(*fd);
     uint64_t gen = generation_;
     tls_threads_.emplace_back([this, gen, fd = *fd, raw] {
@@ -366,7 +371,7 @@ void IncomingMigration::tls_handshake_main(uint64_t gen, int fd, std::vector<uin
                 break;
             }
             have += *r;
-            if (have == 4 && params_.multifd && get_be32(p.data()) != QEMU_VM_FILE_MAGIC) {
+            if (have == 4 && params_.multifd && !is_main_channel(p)) {
                 want = MULTIFD_INIT_SIZE;
             }
         }

@@ -303,7 +303,7 @@ Status MigrationThread::complete()
 
 Status MigrationThread::run()
 {
-    if (p_.tls.enabled() && !p_.mapped_ram) {
+    if (p_.tls.enabled()) {
         auto t = TlsSession::client(main_fd_, *p_.tls.creds, p_.tls.hostname);
         QMIGD_TRY(t);
         main_tls_ = std::move(*t);

@@ -268,7 +268,7 @@ Status MultiFDSend::send_packet(Channel &ch, const MultiFDJob *job, uint32_t pac
 // in order) and the compression stream.
 Status MultiFDSend::channel_setup(Channel &ch)
 {
-    if (tls_.enabled() && !file_) {
+    if (tls_.enabled()) {
         auto t = TlsSession::client(ch.fd, *tls_.creds, tls_.hostname);
         QMIGD_TRY(t);
         ch.tls = std::move(*t);

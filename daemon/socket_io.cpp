@@ -68,22 +68,44 @@ Result<size_t> channel_read(int fd, TlsSession *tls, void *dst, size_t n)
     }
 }
 
-Status readv_full(int fd, struct iovec *iov, int count)
+// Reads until the iovecs are full: `op` reads some bytes into them and
+// returns how many (0: the end of the stream, an error here).
+template <typename Op>
+static Status read_all(struct iovec *iov, int count, Op op)
 {
     while (count > 0) {
-        ssize_t r = ::readv(fd, iov, std::min(count, IOV_MAX));
-        if (r < 0 && errno == EINTR) {
-            continue;
-        }
-        if (r < 0) {
-            return errno_error("read from migration channel");
-        }
-        if (r == 0) {
+        auto r = op(iov, count);
+        QMIGD_TRY(r);
+        if (*r == 0) {
             return Error("unexpected end of stream in the middle of a packet");
         }
-        iov = iov_advance(iov, &count, size_t(r));
+        iov = iov_advance(iov, &count, *r);
     }
     return {};
+}
+
+Status readv_full(int fd, struct iovec *iov, int count)
+{
+    return read_all(iov, count, [fd](struct iovec *v, int n) -> Result<size_t> {
+        for (;;) {
+            ssize_t r = ::readv(fd, v, std::min(n, IOV_MAX));
+            if (r >= 0) {
+                return size_t(r);
+            }
+            if (errno != EINTR) {
+                return errno_error("read from migration channel");
+            }
+        }
+    });
+}
+
+Status channel_readv(int fd, TlsSession *tls, struct iovec *iov, int count)
+{
+    if (!tls) {
+        return readv_full(fd, iov, count);
+    }
+    return read_all(iov, count,
+                    [tls](struct iovec *v, int) { return tls->read(v->iov_base, v->iov_len); });
 }
 
 void ChannelReader::drain(struct iovec *&iov, int &count)
@@ -128,18 +150,7 @@ Result<int> ChannelReader::read(void *dst, size_t n)
 Status ChannelReader::readv(struct iovec *iov, int count)
 {
     drain(iov, count);
-    if (!tls_) {
-        return readv_full(fd_, iov, count);
-    }
-    while (count > 0) {
-        auto r = tls_->read(iov->iov_base, iov->iov_len);
-        QMIGD_TRY(r);
-        if (*r == 0) {
-            return Error("unexpected end of stream in the middle of a packet");
-        }
-        iov = iov_advance(iov, &count, *r);
-    }
-    return {};
+    return channel_readv(fd_, tls_, iov, count);
 }
 
 Status channel_writev(int fd, TlsSession *tls, struct iovec *iov, int count)

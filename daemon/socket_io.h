@@ -76,6 +76,8 @@ Status readv_full(int fd, struct iovec *iov, int count);
 // Up to n bytes of a channel's stream, through its TLS session if it has
 // one; 0 at the end of the stream.
 Result<size_t> channel_read(int fd, TlsSession *tls, void *dst, size_t n);
+// Fills the whole iovec array the same way; EOF is an error.
+Status channel_readv(int fd, TlsSession *tls, struct iovec *iov, int count);
 // The data channels' writes: through TLS when the channel has a session.
 Status channel_writev(int fd, TlsSession *tls, struct iovec *iov, int count);
 Status channel_write(int fd, TlsSession *tls, const void *buf, size_t n);

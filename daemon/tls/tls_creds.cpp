@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fnmatch.h>
+#include <sstream>
 #include <sys/stat.h>
 
 #include <fmt/format.h>
@@ -222,30 +223,21 @@ Status TlsObjects::add(const json &args)
 Status TlsObjects::add_option(const std::string &spec)
 {
     json args = json::object();
-    size_t start = 0;
-    bool first = true;
-    while (start <= spec.size()) {
-        size_t end = spec.find(',', start);
-        std::string item = spec.substr(start, end == std::string::npos ? end : end - start);
-        if (first) {
-            args["qom-type"] = item;
-            first = false;
+    std::stringstream ss(spec);
+    std::string item;
+    std::getline(ss, item, ',');
+    args["qom-type"] = item;
+    while (std::getline(ss, item, ',')) {
+        size_t eq = item.find('=');
+        if (eq == std::string::npos) {
+            return Error(fmt::format("--object '{}': expected key=value, got '{}'", spec, item));
+        }
+        std::string k = item.substr(0, eq), v = item.substr(eq + 1);
+        if (k == "verify-peer") {
+            args[k] = v == "on" || v == "yes" || v == "true";
         } else {
-            size_t eq = item.find('=');
-            if (eq == std::string::npos) {
-                return Error(fmt::format("--object '{}': expected key=value, got '{}'", spec, item));
-            }
-            std::string k = item.substr(0, eq), v = item.substr(eq + 1);
-            if (k == "verify-peer") {
-                args[k] = v == "on" || v == "yes" || v == "true";
-            } else {
-                args[k] = v;
-            }
+            args[k] = v;
         }
-        if (end == std::string::npos) {
-            break;
-        }
-        start = end + 1;
     }
     return add(args);
 }

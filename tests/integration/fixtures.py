@@ -66,6 +66,23 @@ def peers(src_kind, dst_kind, imgs, src_extra=None, dst_extra=None):
                 p.stop()
 
 
+class HeldPeers:
+    """A qmigd source and destination with their images, kept across many
+    test cases (close() at the end): suites that break one daemon again and
+    again and check it still migrates."""
+
+    def __init__(self, size, content):
+        self.size = size
+        self._images = images(size, content)
+        self.imgs = self._images.__enter__()
+        self._peers = peers("qmigd", "qmigd", self.imgs)
+        self.src, self.dst = self._peers.__enter__()
+
+    def close(self):
+        self._peers.__exit__(None, None, None)
+        self._images.__exit__(None, None, None)
+
+
 def run_cell(src_kind, dst_kind, size, content, multifd, channels, zpd, dest="fresh",
              blocks=("mem",), unix_path=None, params=None):
     """One migration; checks status and byte-identical images. Returns src info."""

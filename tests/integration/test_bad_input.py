@@ -9,24 +9,17 @@ import time
 
 import wire
 from itest import test, main, check
-from fixtures import images, peers, MiB
+from fixtures import HeldPeers, MiB
 from runner import Peer, start_incoming, wait_status, files_equal, migrate
 
 SIZE = 16 * MiB
 
 
-class Harness:
+class Harness(HeldPeers):
     """One destination daemon (and a qmigd source for the good runs)."""
 
     def __init__(self):
-        self.ctx = images(SIZE, "mixed")
-        self.imgs = self.ctx.__enter__()
-        self.pctx = peers("qmigd", "qmigd", self.imgs)
-        self.src, self.dst = self.pctx.__enter__()
-
-    def close(self):
-        self.pctx.__exit__(None, None, None)
-        self.ctx.__exit__(None, None, None)
+        super().__init__(SIZE, "mixed")
 
     def bad(self, multifd, channels, send, expect):
         """Arms the dest, lets `send(port)` misbehave, checks failure, then a good run."""
@@ -81,8 +74,7 @@ def case(name, multifd, channels, send, expect):
     test(fn)
 
 
-good_start = wire.header() + wire.config() + wire.start() + wire.mem_size([("mem", SIZE)]) \
-    + wire.flag(wire.EOS) + wire.footer()
+good_start = wire.good_start(SIZE)
 
 case("wrong_magic", False, 1, lambda p: connect(p, wire.header(magic=0x12345678)),
      "Not a migration stream")

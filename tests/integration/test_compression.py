@@ -17,7 +17,7 @@ import zlib
 
 import wire
 from itest import test, main, check
-from fixtures import run_cell, images, peers, MiB
+from fixtures import run_cell, images, peers, HeldPeers, MiB
 from runner import start_incoming, wait_status, files_equal, migrate
 from qmp import QMPError
 
@@ -159,24 +159,15 @@ def test_unknown_methods_refused_as_qemu():
 
 # --- hostile compressed packets, into one qmigd destination ---
 
-class Hostile:
+class Hostile(HeldPeers):
     def __init__(self):
-        self.ctx = images(16 * MiB, "mixed")
-        self.imgs = self.ctx.__enter__()
-        self.pctx = peers("qmigd", "qmigd", self.imgs)
-        self.src, self.dst = self.pctx.__enter__()
-
-    def close(self):
-        self.pctx.__exit__(None, None, None)
-        self.ctx.__exit__(None, None, None)
+        super().__init__(16 * MiB, "mixed")
 
     def bad(self, packets, expect, method="zlib"):
         self.dst.set_migration(True, 2, extra_params=params(method))
         port = start_incoming(self.dst)
-        good_start = wire.header() + wire.config() + wire.start() + \
-            wire.mem_size([("mem", 16 * MiB)]) + wire.flag(wire.EOS) + wire.footer()
         socks = [socket.create_connection(("127.0.0.1", port))]
-        socks[0].sendall(good_start)
+        socks[0].sendall(wire.good_start(self.size))
         for i in range(2):
             socks.append(socket.create_connection(("127.0.0.1", port)))
             socks[-1].sendall(wire.multifd_init(i))

@@ -76,9 +76,15 @@ def multifd_packet(offsets, normal, zero=0, flags=0, block="mem", pages_alloc=12
     return h
 
 
+def good_start(size, block="mem"):
+    """The header, configuration and a RAM setup section: what every stream
+    opens with, up to where pages may come."""
+    return header() + config() + start() + mem_size([(block, size)]) + flag(EOS) + footer()
+
+
 def good_plain_stream(size, fill=b"\x5a"):
     """A complete plain-precopy stream writing page 0 and zeroing page 1."""
-    s = header() + config() + start() + mem_size([("mem", size)]) + flag(EOS) + footer()
+    s = good_start(size)
     s += part() + page(0, fill * PAGE) + be64(PAGE | ZERO | CONTINUE) + b"\0" + flag(EOS) + footer()
     s += end() + flag(EOS) + footer() + b"\x00"
     return s
