@@ -155,6 +155,7 @@ QmpResult Daemon::cmd_migrate(const json &args)
     p.downtime_limit_ms = config_.downtime_limit_ms();
     p.machine_type = opts_.machine_type;
     p.uuid = opts_.uuid;
+    p.parked = parked_;
     p.runstate = runstate_;
     p.auto_converge = config_.capability("auto-converge");
     p.throttle_initial = config_.cpu_throttle_initial();
@@ -196,6 +197,7 @@ QmpResult Daemon::start_incoming(const Result<MigrationAddress> &addr)
     p.mapped_ram = config_.capability("mapped-ram");
     p.direct_io = config_.direct_io();
     p.compression = *multifd_compression_parse(config_.multifd_compression());
+    p.park_dir = opts_.ram_dir;
     auto tls = tls_params(TlsCreds::Endpoint::Server, *addr);
     if (!tls) {
         return qmp_error(tls.error().message());
@@ -429,11 +431,39 @@ Status Daemon::run()
     return {};
 }
 
-Status Daemon::start()
+// --ram, or --ram-dir: a destination parks there (its blocks come with the
+// stream); a source serves the VM parked there, with its machine type.
+Status Daemon::open_ram()
 {
+    if (opts_.ram_specs.empty() == opts_.ram_dir.empty()) {
+        return Error("give --ram or --ram-dir");
+    }
+    if (!opts_.ram_dir.empty() && opts_.role == Role::Destination) {
+        return park_dir_check(opts_.ram_dir);
+    }
+    if (!opts_.ram_dir.empty()) {
+        auto vm = parked_vm_read(opts_.ram_dir);
+        QMIGD_TRY(vm);
+        for (const auto &spec : parked_vm_ram_specs(*vm)) {
+            auto b = ram_block_open(spec, true, opts_.page_path);
+            QMIGD_TRY(b);
+            blocks_.push_back(std::move(*b));
+        }
+        spdlog::info("parked VM '{}' in {}: {} RAM blocks, {} bytes of device state",
+                     vm->machine_type, opts_.ram_dir, vm->blocks.size(), vm->device_state.size());
+        opts_.machine_type = vm->machine_type;
+        parked_ = std::make_shared<const ParkedVm>(std::move(*vm));
+        return {};
+    }
     auto blocks = ram_blocks_open(opts_.ram_specs, opts_.role == Role::Source, opts_.page_path);
     QMIGD_TRY(blocks);
     blocks_ = std::move(*blocks);
+    return {};
+}
+
+Status Daemon::start()
+{
+    QMIGD_TRY(open_ram());
     for (const auto &spec : opts_.objects) {
         QMIGD_TRY(objects_.add_option(spec));
     }

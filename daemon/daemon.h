@@ -11,6 +11,7 @@
 #include "daemon/incoming.h"
 #include "daemon/loop_dispatcher.h"
 #include "daemon/outgoing.h"
+#include "daemon/park/parked_vm.h"
 #include "daemon/ram_blocks.h"
 #include "monitor/migration_config.h"
 #include "monitor/monitor_fds.h"
@@ -24,6 +25,8 @@ struct DaemonOptions {
     Role role = Role::Source;
     std::string qmp_path;
     std::vector<std::string> ram_specs;
+    // A parked VM's directory instead of --ram (daemon/park/parked_vm.h).
+    std::string ram_dir;
     std::string incoming = "defer"; // destination: a migration URI or defer
     std::string machine_type = "none";
     Uuid uuid{};
@@ -47,6 +50,7 @@ public:
 
 private:
     Status start();
+    Status open_ram();
     void register_commands();
     void register_migration_commands();
     void register_vm_commands();
@@ -69,6 +73,9 @@ private:
     MigrationConfig config_;
     TlsObjects objects_; // object-add: tls-creds-x509, authz-list
     std::vector<RAMBlock> blocks_;
+    // Source --ram-dir: the parked VM it serves (read-only, shared with
+    // each migration's parameters).
+    std::shared_ptr<const ParkedVm> parked_;
     std::unique_ptr<IncomingMigration> incoming_;
     std::unique_ptr<OutgoingMigration> outgoing_;
     std::string runstate_;        // QAPI RunState of this "VM"

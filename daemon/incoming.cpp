@@ -27,11 +27,17 @@ class ImageLoadHandler : public LoadvmHandler {
 public:
     static constexpr uint32_t kRunPages = 64;
 
+    using Announce = std::function<Status(const std::vector<RamBlockDesc> &)>;
+
     ImageLoadHandler(std::vector<RAMBlock> &blocks, MultifdRecvSync *sync,
-                     const MappedRamFileIn *file)
-        : blocks_(blocks), sync_(sync), file_(file),
+                     const MappedRamFileIn *file, Announce announce)
+        : blocks_(blocks), sync_(sync), file_(file), announce_(std::move(announce)),
           run_(new uint8_t[kRunPages * TARGET_PAGE_SIZE])
     {
+    }
+    Status announce_blocks(const std::vector<RamBlockDesc> &descs) override
+    {
+        return announce_ ? announce_(descs) : LoadvmHandler::announce_blocks(descs);
     }
     Status mapped_ram_block(size_t block, const MappedRamHeader &h) override
     {
@@ -77,6 +83,7 @@ private:
     std::vector<RAMBlock> &blocks_;
     MultifdRecvSync *sync_;
     const MappedRamFileIn *file_; // null unless mapped-ram
+    Announce announce_;           // park mode only
     MappedRamCounts file_counts_;
     std::unique_ptr<uint8_t[]> run_;
     size_t run_block_ = 0;
@@ -118,8 +125,17 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     if (load_thread_.joinable()) {
         load_thread_.join();
     }
+    if (!params.park_dir.empty()) {
+        QMIGD_TRY(park_dir_check(params.park_dir));
+        if (params.mapped_ram) {
+            return Error("A VM cannot be parked from a mapped-ram file");
+        }
+    }
     params_ = params;
     main_.reset();
+    parked_.reset();
+    park_ready_ = park_abort_ = false;
+    park_descs_.clear();
     // A mapped-ram file has no channels to accept: its readers are threads.
     bool sockets = addr.transport == MigrationAddress::Transport::Socket;
     multifd_.assign(params.multifd && sockets ? params.channels : 0, std::nullopt);
@@ -412,7 +428,7 @@ void IncomingMigration::maybe_start()
     // mapped-ram never sends MULTIFD_FLUSH: its multifd is the file readers.
     bool channels = !multifd_.empty();
     load_cfg_ = LoadvmConfig{params_.machine_type, ram_block_descs(blocks_), channels,
-                             params_.mapped_ram, params_.uuid};
+                             params_.mapped_ram, params_.uuid, !params_.park_dir.empty()};
     sync_ = channels ? std::make_unique<MultifdRecvSync>(multifd_.size()) : nullptr;
     set_link_timeout(main_->fd, params_.link_timeout_ms);
     for (const auto &ch : multifd_) {
@@ -429,6 +445,11 @@ void IncomingMigration::maybe_start()
 
 void IncomingMigration::abort_with(const Error &err)
 {
+    {
+        std::lock_guard<std::mutex> lk(park_mu_);
+        park_abort_ = true;
+    }
+    park_cv_.notify_all();
     {
         std::lock_guard<std::mutex> lk(err_mu_);
         if (!thread_error_) {
@@ -525,7 +546,11 @@ void IncomingMigration::recv_thread_main(size_t id)
             }
             break; // EOF at a packet boundary: the source is done with us
         }
-        auto p = multifd_packet_decode(header, load_cfg_.blocks, method.flag);
+        const std::vector<RamBlockDesc> *descs = packet_blocks();
+        if (!descs) {
+            break;
+        }
+        auto p = multifd_packet_decode(header, *descs, method.flag);
         st = p.status();
         if (st) {
             st = receive_packet(in, *blocks_[p->block].image, *p, ch);
@@ -546,6 +571,67 @@ void IncomingMigration::recv_thread_main(size_t id)
     sync_->channel_closed(id);
 }
 
+Status IncomingMigration::park_announce(const std::vector<RamBlockDesc> &descs)
+{
+    for (size_t i = 0; i < descs.size(); i++) {
+        RamBlockSpec spec;
+        spec.name = descs[i].idstr;
+        spec.path = parked_block_path(params_.park_dir, i, descs[i].idstr);
+        spec.size = descs[i].used_length;
+        auto b = ram_block_open(spec, false);
+        QMIGD_TRY(b);
+        b->image->scan_holes();
+        blocks_.push_back(std::move(*b));
+    }
+    spdlog::info("incoming migration: parking {} RAM blocks in {}", descs.size(),
+                 params_.park_dir);
+    {
+        std::lock_guard<std::mutex> lk(park_mu_);
+        park_descs_ = descs;
+        park_ready_ = true;
+    }
+    park_cv_.notify_all();
+    return {};
+}
+
+const std::vector<RamBlockDesc> *IncomingMigration::packet_blocks()
+{
+    if (!load_cfg_.park) {
+        return &load_cfg_.blocks;
+    }
+    std::unique_lock<std::mutex> lk(park_mu_);
+    park_cv_.wait(lk, [this] { return park_ready_ || park_abort_; });
+    return park_abort_ ? nullptr : &park_descs_;
+}
+
+Status IncomingMigration::park_finish(LoadvmResult &result)
+{
+    ParkedVm vm;
+    vm.dir = params_.park_dir;
+    vm.machine_type = result.machine_type;
+    vm.uuid = result.uuid;
+    vm.ram_section_id = result.ram_section_id;
+    for (const auto &d : park_descs_) {
+        vm.blocks.push_back({d.idstr, d.used_length});
+    }
+    vm.device_state = std::move(result.device_state);
+    QMIGD_TRY(parked_vm_write(vm));
+    spdlog::info("incoming migration: parked VM '{}' in {}: {} RAM blocks, {} bytes of device "
+                 "state",
+                 vm.machine_type, vm.dir, vm.blocks.size(), vm.device_state.size());
+    parked_ = std::move(vm);
+    return {};
+}
+
+void IncomingMigration::park_discard()
+{
+    for (size_t i = 0; i < blocks_.size(); i++) {
+        ::unlink(parked_block_path(params_.park_dir, i, blocks_[i].desc.idstr).c_str());
+    }
+    blocks_.clear();
+    parked_.reset();
+}
+
 void IncomingMigration::load_thread_main()
 {
     for (size_t i = 0; i < multifd_.size(); i++) {
@@ -556,10 +642,20 @@ void IncomingMigration::load_thread_main()
     }
     FdInputStream in(main_->fd, main_->prefix, main_->tls.get());
     QEMUFileReader f(in, 256 * 1024);
-    ImageLoadHandler handler(blocks_, sync_.get(), params_.mapped_ram ? &file_in_ : nullptr);
+    ImageLoadHandler::Announce announce;
+    if (load_cfg_.park) {
+        announce = [this](const std::vector<RamBlockDesc> &d) { return park_announce(d); };
+    }
+    ImageLoadHandler handler(blocks_, sync_.get(), params_.mapped_ram ? &file_in_ : nullptr,
+                             std::move(announce));
     auto result = qemu_loadvm_state(f, load_cfg_, handler);
     if (result) {
         if (Status st = handler.flush(); !st) {
+            result = st.error();
+        }
+    }
+    if (result && load_cfg_.park) {
+        if (Status st = park_finish(*result); !st) {
             result = st.error();
         }
     }
@@ -599,6 +695,9 @@ void IncomingMigration::finish(std::optional<Error> err, std::string runstate)
     }
     cleanup_channels();
     sync_.reset();
+    if ((cancel_requested_ || err) && !params_.park_dir.empty()) {
+        park_discard();
+    }
     if (cancel_requested_) {
         set_status(MigrationStatus::Cancelled);
         return;
@@ -633,6 +732,16 @@ nlohmann::json IncomingMigration::query() const
     r["incoming"] = {{"normal", normal_pages_.load()},
                      {"zero", zero_pages_.load()},
                      {"bytes", bytes_.load()}};
+    if (parked_ && status_ == MigrationStatus::Completed) {
+        json blocks = json::array();
+        for (const auto &b : parked_->blocks) {
+            blocks.push_back({{"id", b.idstr}, {"size", b.size}});
+        }
+        r["parked"] = {{"dir", parked_->dir},
+                       {"machine-type", parked_->machine_type},
+                       {"blocks", blocks},
+                       {"device-state-bytes", parked_->device_state.size()}};
+    }
     return r;
 }
 

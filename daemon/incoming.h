@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -23,6 +24,7 @@
 #include "daemon/migration_status.h"
 #include "daemon/mapped_ram_load.h"
 #include "daemon/multifd_recv.h"
+#include "daemon/park/parked_vm.h"
 #include "daemon/ram_blocks.h"
 #include "daemon/io/command_channel.h"
 #include "daemon/io/migration_address.h"
@@ -49,6 +51,9 @@ struct IncomingParams {
     // tls-creds (server endpoint) and tls-authz: every socket channel is a
     // TLS server, classified by its first decrypted bytes.
     TlsParams tls;
+    // Non-empty: park the VM in this directory (daemon/park/parked_vm.h):
+    // its RAM blocks are created as the stream announces them.
+    std::string park_dir;
 };
 
 class IncomingMigration {
@@ -101,6 +106,15 @@ private:
 
     void load_thread_main();
     void recv_thread_main(size_t id);
+    // Park mode. Load thread: creates the announced blocks' images.
+    Status park_announce(const std::vector<RamBlockDesc> &descs);
+    // Receive threads: the block list to decode packets with (null once
+    // the migration is aborted).
+    const std::vector<RamBlockDesc> *packet_blocks();
+    // Load thread, after the stream: device state and record.
+    Status park_finish(LoadvmResult &result);
+    // Loop thread, after a failed or cancelled park: its images go.
+    void park_discard();
     // Any thread: record the first error and wake every thread.
     void abort_with(const Error &err);
 
@@ -137,6 +151,18 @@ private:
     std::optional<Error> thread_error_; // protected by err_mu_
     std::atomic<bool> loading_done_{false};
     bool cancel_requested_ = false; // loop thread only
+    // Park mode: the load thread fills blocks_ and park_descs_ once, then
+    // sets park_ready_; receive threads wait for it before their first
+    // packet (a multifd packet can overtake the ram START section).
+    std::mutex park_mu_;
+    std::condition_variable park_cv_;
+    bool park_ready_ = false; // protected by park_mu_
+    bool park_abort_ = false; // protected by park_mu_
+    std::vector<RamBlockDesc> park_descs_;
+    // The parked VM once complete (query); written by the load thread before
+    // it posts finish(), read by the loop thread after.
+    std::optional<ParkedVm> parked_;
+
     std::atomic<uint64_t> normal_pages_{0};
     std::atomic<uint64_t> zero_pages_{0};
     std::atomic<uint64_t> bytes_{0};

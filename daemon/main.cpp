@@ -24,8 +24,12 @@ void add_common(CLI::App *cmd, DaemonOptions &o, std::string &uuid, std::string 
                     "auto|file|mapped: how page data moves (default auto: measured)")
         ->check(CLI::IsMember({"auto", "file", "mapped"}));
     cmd->add_option("--qmp", o.qmp_path, "QMP monitor unix socket path")->required();
-    cmd->add_option("--ram", o.ram_specs, "RAM block: NAME=FILE[,size=BYTES][,dirty=PATH]")
-        ->required();
+    auto *ram = cmd->add_option("--ram", o.ram_specs,
+                                "RAM block: NAME=FILE[,size=BYTES][,dirty=PATH]");
+    auto *dir = cmd->add_option("--ram-dir", o.ram_dir,
+                                "a parked VM's directory: dest parks whatever VM the stream "
+                                "carries there, source migrates the VM parked there");
+    ram->excludes(dir);
     cmd->add_option("--machine-type", o.machine_type, "machine type name (default: none)");
     cmd->add_option("--object", o.objects,
                     "tls-creds-x509,id=ID,dir=DIR,endpoint=client|server[,verify-peer=on|off] "

@@ -5,10 +5,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <cstdint>
 #include <optional>
 #include <string>
 
+#include "daemon/park/parked_vm.h"
 #include "daemon/tls/tls_creds.h"
 #include "protocol/error.h"
 #include "protocol/multifd_compress.h"
@@ -26,6 +28,10 @@ struct OutgoingParams {
     uint64_t downtime_limit_ms = 300;
     std::string machine_type = "none";
     Uuid uuid{};
+    // A parked VM (source --ram-dir): its configuration, ram section id and
+    // device state go out as they were received; no timer or globalstate
+    // of our own.
+    std::shared_ptr<const ParkedVm> parked;
     std::string runstate = "running"; // of the VM when the migration starts
     // auto-converge (QEMU's cpu throttling, applied through GuestControl).
     bool auto_converge = false;

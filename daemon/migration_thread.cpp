@@ -128,6 +128,13 @@ void MigrationThread::publish()
     }
 }
 
+// A parked VM keeps the id its first source gave the ram section: its
+// device sections are numbered around it.
+uint32_t MigrationThread::ram_section_id() const
+{
+    return p_.parked ? p_.parked->ram_section_id : kRamSectionId;
+}
+
 Status MigrationThread::setup()
 {
     if (multifd_) {
@@ -136,13 +143,14 @@ Status MigrationThread::setup()
     ByteWriter &w = out_.w();
     savevm_put_header(w);
     static constexpr std::string_view kMappedRam[] = {"mapped-ram"};
-    savevm_put_configuration(w, p_.machine_type, nullptr,
+    const Uuid *uuid = p_.parked && p_.parked->uuid ? &*p_.parked->uuid : nullptr;
+    savevm_put_configuration(w, p_.machine_type, uuid,
                              p_.mapped_ram ? std::span<const std::string_view>(kMappedRam)
                                            : std::span<const std::string_view>());
     // The first bytes leave at once: a QEMU destination's main loop stalls
     // peeking at a connection until 4 bytes are there (wire-format 7.1).
     QMIGD_TRY(out_.flush());
-    savevm_put_section_header(w, QEMU_VM_SECTION_START, kRamSectionId, "ram", 0,
+    savevm_put_section_header(w, QEMU_VM_SECTION_START, ram_section_id(), "ram", 0,
                               RAM_SECTION_VERSION);
     QMIGD_TRY(ram_->put_ram_layout());
     // Dirty sync 1: every page is to be sent; what the guest marked so far is
@@ -156,7 +164,7 @@ Status MigrationThread::setup()
     }
     QMIGD_TRY(ram_->round_flush());
     ram_put_flag(w, RAM_SAVE_FLAG_EOS);
-    savevm_put_footer(w, kRamSectionId);
+    savevm_put_footer(w, ram_section_id());
     return out_.flush();
 }
 
@@ -198,11 +206,11 @@ Status MigrationThread::rate_limit_wait()
 
 Status MigrationThread::send_part(bool *round_done)
 {
-    savevm_put_section_continue(out_.w(), QEMU_VM_SECTION_PART, kRamSectionId);
+    savevm_put_section_continue(out_.w(), QEMU_VM_SECTION_PART, ram_section_id());
     QMIGD_TRY(send_dirty(false, round_done));
     ram_put_flag(out_.w(), RAM_SAVE_FLAG_EOS);
     shared_.stats.precopy_bytes += 8;
-    savevm_put_footer(out_.w(), kRamSectionId);
+    savevm_put_footer(out_.w(), ram_section_id());
     QMIGD_TRY(out_.flush());
     publish();
     QMIGD_TRY(check_cancel());
@@ -281,7 +289,7 @@ Status MigrationThread::complete()
     owner_.post_status(MigrationStatus::Active, MigrationStatus::Device);
     ByteWriter &w = out_.w();
     savevm_put_command(w, MIG_CMD_SWITCHOVER_START);
-    savevm_put_section_continue(w, QEMU_VM_SECTION_END, kRamSectionId);
+    savevm_put_section_continue(w, QEMU_VM_SECTION_END, ram_section_id());
     dirty_sync();
     // Everything left, wrapping as often as needed; send_dirty() ends each
     // pass with the multifd sync, so the last page is followed by one.
@@ -292,10 +300,15 @@ Status MigrationThread::complete()
     // After the channels' last page: ram_save_file_bmap().
     QMIGD_TRY(ram_->write_file_bitmaps());
     ram_put_flag(w, RAM_SAVE_FLAG_EOS);
-    savevm_put_footer(w, kRamSectionId);
-    savevm_put_timer(w, kTimerSectionId);
-    savevm_put_globalstate(w, kGlobalStateSectionId, running ? "running" : "paused");
-    savevm_put_eof_and_vmdesc(w);
+    savevm_put_footer(w, ram_section_id());
+    if (p_.parked) {
+        // Every device section, EOF and the VM description, as received.
+        w.bytes(p_.parked->device_state.data(), p_.parked->device_state.size());
+    } else {
+        savevm_put_timer(w, kTimerSectionId);
+        savevm_put_globalstate(w, kGlobalStateSectionId, running ? "running" : "paused");
+        savevm_put_eof_and_vmdesc(w);
+    }
     QMIGD_TRY(out_.flush());
     shared_.stats.downtime_ms = ms_since(stop_time);
     return {};

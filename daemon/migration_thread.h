@@ -54,6 +54,7 @@ public:
 private:
     using Clock = std::chrono::steady_clock;
 
+    uint32_t ram_section_id() const;
     Status setup();
     Status iterate();
     void update_counters();

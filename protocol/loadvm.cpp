@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "protocol/device_state.h"
 #include "protocol/wire.h"
 
 namespace qmigd {
@@ -36,7 +37,7 @@ constexpr uint32_t kMaxVmDescription = 16 << 20;
 class Loader {
 public:
     Loader(QEMUFileReader &f, const LoadvmConfig &cfg, LoadvmHandler &h)
-        : f_(f), cfg_(cfg), h_(h)
+        : f_(f), cfg_(cfg), h_(h), blocks_(cfg.blocks)
     {
     }
 
@@ -59,12 +60,17 @@ private:
     Result<size_t> ram_block_from_stream(uint64_t flags);
     Status globalstate_load();
     Status skip_vmdesc();
+    Status park_mem_size(uint64_t total);
+    Status park_device_state();
     Status fail(std::string msg) { return Error(std::move(msg)); }
     Status stream_status() { return f_.status(); }
 
     QEMUFileReader &f_;
     const LoadvmConfig &cfg_;
     LoadvmHandler &h_;
+    // The destination's blocks, or in park mode the stream's once announced.
+    std::vector<RamBlockDesc> blocks_;
+    bool ram_ended_ = false; // the ram section's END was read
     std::map<uint32_t, SectionInfo> sections_;
     // CONTINUE refers to the block of the previous ZERO/PAGE record, across
     // sections (ram.c keeps it in a static for the same reason).
@@ -105,8 +111,9 @@ Status Loader::load_configuration()
     std::string name(len, '\0');
     f_.get_buffer(name.data(), len);
     QMIGD_TRY(stream_status());
+    result_.machine_type = name;
     // QEMU compares only the received prefix; we compare exactly.
-    if (name != cfg_.machine_type) {
+    if (!cfg_.park && name != cfg_.machine_type) {
         return fail(fmt::format("Machine type received is '{}' and local is '{}'", wire_text(name),
                                 cfg_.machine_type));
     }
@@ -175,6 +182,7 @@ Status Loader::load_config_subsection()
         Uuid uuid;
         f_.get_buffer(uuid.data(), uuid.size());
         QMIGD_TRY(stream_status());
+        result_.uuid = uuid;
         if (cfg_.uuid != Uuid{} && uuid != cfg_.uuid) {
             return fail(fmt::format("UUID received is '{}' and local is '{}'",
                                     uuid_to_string(uuid), uuid_to_string(cfg_.uuid)));
@@ -222,6 +230,9 @@ Status Loader::load_section_start(uint8_t type)
     if (sections_.count(id) == 0 && sections_.size() >= kMaxSections) {
         return fail("too many sections");
     }
+    if (kind == SectionKind::Ram) {
+        result_.ram_section_id = id;
+    }
     sections_[id] = SectionInfo{kind, idstr};
     QMIGD_TRY(load_body(sections_[id], type));
     return check_footer(id, sections_[id]);
@@ -239,7 +250,9 @@ Status Loader::load_section_part(uint8_t type)
         return fail(fmt::format("Unexpected PART/END for section '{}'", wire_text(it->second.idstr)));
     }
     QMIGD_TRY(load_body(it->second, type));
-    return check_footer(id, it->second);
+    QMIGD_TRY(check_footer(id, it->second));
+    ram_ended_ = ram_ended_ || type == QEMU_VM_SECTION_END;
+    return {};
 }
 
 Status Loader::load_body(const SectionInfo &s, uint8_t type)
@@ -326,8 +339,8 @@ Result<size_t> Loader::ram_block_from_stream(uint64_t flags)
     if (f_.failed()) {
         return f_.error();
     }
-    for (size_t i = 0; i < cfg_.blocks.size(); i++) {
-        if (cfg_.blocks[i].idstr == idstr) {
+    for (size_t i = 0; i < blocks_.size(); i++) {
+        if (blocks_[i].idstr == idstr) {
             last_block_ = i;
             return i;
         }
@@ -335,15 +348,54 @@ Result<size_t> Loader::ram_block_from_stream(uint64_t flags)
     return Error(fmt::format("Can't find block {}", wire_text(idstr)));
 }
 
-Status Loader::ram_load_mem_size(uint64_t total)
+// Park mode: the stream's block list becomes ours. QEMU's own checks on a
+// list (ram_load_precopy) plus the ones a file name needs.
+Status Loader::park_mem_size(uint64_t total)
 {
+    constexpr size_t kMaxBlocks = 256; // a q35 VM has 6, one per ROM and RAM region
+    if (!blocks_.empty()) {
+        return fail("RAM block list sent twice");
+    }
     while (total > 0) {
         std::string idstr = f_.get_cstr8();
         uint64_t length = f_.get_be64();
         QMIGD_TRY(stream_status());
-        auto it = std::find_if(cfg_.blocks.begin(), cfg_.blocks.end(),
+        if (idstr.empty() || idstr.find('\0') != std::string::npos) {
+            return fail("RAM block with an empty or NUL-bearing name");
+        }
+        for (const auto &b : blocks_) {
+            if (b.idstr == idstr) {
+                return fail(fmt::format("RAM block \"{}\" announced twice", wire_text(idstr)));
+            }
+        }
+        if (length == 0 || length % TARGET_PAGE_SIZE || length > total) {
+            return fail(fmt::format("RAM block \"{}\" has a bad length 0x{:x}", wire_text(idstr),
+                                    length));
+        }
+        if (blocks_.size() == kMaxBlocks) {
+            return fail(fmt::format("more than {} RAM blocks", kMaxBlocks));
+        }
+        blocks_.push_back(RamBlockDesc{idstr, length});
+        total -= length;
+    }
+    if (blocks_.empty()) {
+        return fail("empty RAM block list");
+    }
+    return h_.announce_blocks(blocks_);
+}
+
+Status Loader::ram_load_mem_size(uint64_t total)
+{
+    if (cfg_.park) {
+        return park_mem_size(total);
+    }
+    while (total > 0) {
+        std::string idstr = f_.get_cstr8();
+        uint64_t length = f_.get_be64();
+        QMIGD_TRY(stream_status());
+        auto it = std::find_if(blocks_.begin(), blocks_.end(),
                                [&](const RamBlockDesc &b) { return b.idstr == idstr; });
-        if (it == cfg_.blocks.end()) {
+        if (it == blocks_.end()) {
             return fail(fmt::format("Unknown ramblock \"{}\", cannot accept migration", wire_text(idstr)));
         }
         if (length != it->used_length) {
@@ -355,7 +407,7 @@ Status Loader::ram_load_mem_size(uint64_t total)
                                     length - total));
         }
         if (cfg_.mapped_ram) {
-            QMIGD_TRY(mapped_ram_load(size_t(it - cfg_.blocks.begin()), length));
+            QMIGD_TRY(mapped_ram_load(size_t(it - blocks_.begin()), length));
         }
         total -= length;
     }
@@ -396,7 +448,7 @@ Status Loader::ram_load(uint8_t type)
         case RAM_SAVE_FLAG_PAGE: {
             auto block = ram_block_from_stream(flags);
             QMIGD_TRY(block);
-            if (addr >= cfg_.blocks[*block].used_length) {
+            if (addr >= blocks_[*block].used_length) {
                 return fail(fmt::format("Illegal RAM offset {:x}", addr));
             }
             if ((flags & ~RAM_SAVE_FLAG_CONTINUE) == RAM_SAVE_FLAG_ZERO) {
@@ -446,12 +498,32 @@ Status Loader::skip_vmdesc()
     return stream_status();
 }
 
+// Park mode, at the first device section after RAM: the rest of the stream.
+Status Loader::park_device_state()
+{
+    if (!ram_ended_) {
+        return fail("a device section came before the end of RAM: qmigd cannot park this VM "
+                    "(device state has no length on the wire)");
+    }
+    f_.read_to_end(result_.device_state, kMaxDeviceState);
+    if (f_.failed()) {
+        return Error(f_.error()).prepend("device state: ");
+    }
+    auto info = device_state_check(result_.device_state);
+    return info.status();
+}
+
 Result<LoadvmResult> Loader::run()
 {
     QMIGD_TRY(load_header());
     QMIGD_TRY(load_configuration());
     h_.loading_started();
     for (;;) {
+        if (int next = f_.peek_byte();
+            cfg_.park && (next == QEMU_VM_SECTION_FULL || next == QEMU_VM_EOF)) {
+            QMIGD_TRY(park_device_state());
+            return result_;
+        }
         uint8_t type = f_.get_byte();
         QMIGD_TRY(stream_status());
         switch (type) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,11 @@ struct LoadvmConfig {
     bool mapped_ram = false;
     // Our own UUID; checked against configuration/uuid when both are set.
     Uuid uuid{};
+    // Parking a VM: any machine type and any RAM layout are taken (the
+    // blocks come from the stream, LoadvmHandler::announce_blocks), and
+    // everything from the first device section on is kept as it came
+    // (LoadvmResult::device_state).
+    bool park = false;
 };
 
 // What the loader asks of the owner of guest RAM. Called on the loader's
@@ -48,6 +54,13 @@ public:
         (void)h;
         return Error("mapped-ram is not enabled");
     }
+    // Park mode: the ram START section's block list, once, before any page
+    // of it. Block indexes in the calls above are positions in it.
+    virtual Status announce_blocks(const std::vector<RamBlockDesc> &blocks)
+    {
+        (void)blocks;
+        return Error("this destination does not park VMs");
+    }
     // Progress notice: the main channel is about to read (for status).
     virtual void loading_started() {}
 };
@@ -57,6 +70,11 @@ struct LoadvmResult {
     uint64_t normal_pages = 0;        // PAGE records
     uint64_t zero_pages = 0;          // ZERO records
     uint64_t flushes = 0;             // MULTIFD_FLUSH records
+    // Park mode: what a resumed VM's stream must carry again.
+    std::string machine_type;
+    std::optional<Uuid> uuid;    // configuration/uuid, if sent
+    uint32_t ram_section_id = 0; // the ram section's id in the source's numbering
+    std::vector<uint8_t> device_state; // first FULL section .. VM description
 };
 
 // Reads header .. EOF (and the VM description, when present).

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "protocol/wire.h"
 
 namespace qmigd {
@@ -132,6 +134,27 @@ int QEMUFileReader::peek_byte()
         return -1;
     }
     return buf_[head_];
+}
+
+void QEMUFileReader::read_to_end(std::vector<uint8_t> &out, size_t max)
+{
+    size_t start = out.size();
+    for (;;) {
+        if (err_) {
+            return;
+        }
+        size_t have = tail_ - head_;
+        if (out.size() - start + have > max) {
+            set_error(fmt::format("more than {} bytes left in the stream", max));
+            return;
+        }
+        out.insert(out.end(), buf_.get() + head_, buf_.get() + tail_);
+        pos_ += have;
+        head_ = tail_ = 0;
+        if (eof_ || !fill(1)) {
+            return; // fill() at the end of stream leaves no error
+        }
+    }
 }
 
 ssize_t MemoryInputStream::read_some(void *dst, size_t n, std::string *)

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <sys/types.h>
+#include <vector>
 
 #include "protocol/error.h"
 
@@ -51,6 +52,9 @@ public:
     void seek(uint64_t pos);
     // Next byte without consuming it; -1 at a clean end of stream or error.
     int peek_byte();
+    // Everything left until the end of the stream, appended to out; fails
+    // once more than max bytes are left (a parked VM's device state).
+    void read_to_end(std::vector<uint8_t> &out, size_t max);
 
     bool failed() const { return err_.has_value(); }
     const Error &error() const { return *err_; }

@@ -1,0 +1,52 @@
+// A parked VM: what a destination kept of a whole migration stream, in
+// one directory, for a later QEMU (or qmigd) to be migrated to.
+//
+//   DIR/vm.json            the record: machine type, the ram section's id,
+//                          the blocks in the order the source announced them
+//   DIR/NN-IDSTR.img       one RAM image per block (its bytes as QEMU maps
+//                          them), IDSTR with anything but [A-Za-z0-9._-] as _
+//   DIR/device-state.bin   every device section, QEMU_VM_EOF and the VM
+//                          description, as they came (protocol/device_state.h)
+//
+// vm.json is written last (through a temporary name), so a directory with
+// a vm.json holds a whole parked VM, and nothing here overwrites one.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/ram_blocks.h"
+#include "protocol/error.h"
+#include "protocol/qemu_format.h"
+
+namespace qmigd {
+
+struct ParkedBlock {
+    std::string idstr;
+    uint64_t size = 0;
+};
+
+struct ParkedVm {
+    std::string dir;
+    std::string machine_type;
+    std::optional<Uuid> uuid;
+    uint32_t ram_section_id = 0;
+    std::vector<ParkedBlock> blocks;
+    std::vector<uint8_t> device_state;
+};
+
+// DIR/NN-IDSTR.img for the index-th block.
+std::string parked_block_path(const std::string &dir, size_t index, const std::string &idstr);
+// Where a VM may be parked: an existing directory with no parked VM in it.
+Status park_dir_check(const std::string &dir);
+// Writes device-state.bin, then vm.json. The images are already in place.
+Status parked_vm_write(const ParkedVm &vm);
+// Reads and checks a parked VM: the record, each image's size, and that
+// the device state is whole. Touches nothing in the directory.
+Result<ParkedVm> parked_vm_read(const std::string &dir);
+// The --ram specs of its blocks (names are the blocks' idstrs).
+std::vector<RamBlockSpec> parked_vm_ram_specs(const ParkedVm &vm);
+
+} // namespace qmigd
