@@ -81,6 +81,16 @@ std::string hmp_format_info_migrate(const json &info)
         s += fmt::format("received zero: {} pages\r\n", u(in, "zero"));
         s += fmt::format("received bytes: {} kbytes\r\n", u(in, "bytes") >> 10);
     }
+    if (info.contains("parked")) { // a parked VM (qmigd dest --ram-dir)
+        const json &pk = info["parked"];
+        s += fmt::format("parked in: {} ({})\r\n", pk.value("dir", ""),
+                         pk.value("machine-type", ""));
+        for (const auto &b : pk["blocks"]) {
+            s += fmt::format("parked block: {} {} kbytes\r\n", b.value("id", ""),
+                             u(b, "size") >> 10);
+        }
+        s += fmt::format("parked device state: {} bytes\r\n", u(pk, "device-state-bytes"));
+    }
     if (info.contains("socket-address")) {
         s += "socket address: [\r\n";
         for (const auto &a : info["socket-address"]) {

@@ -31,11 +31,16 @@ def free_port():
 class Peer:
     """A running qmigd or QEMU process with its QMP connection."""
 
-    def __init__(self, kind, role, ram, tag, extra=None, log_dir="/tmp", wrap=None):
+    def __init__(self, kind, role, ram, tag, extra=None, log_dir="/tmp", wrap=None,
+                 machine=None):
         self.kind, self.role, self.ram = kind, role, ram  # ram: list of (name, path, size)
         self.qmp_path = os.path.join("/tmp", unique_name(tag) + ".qmp")
         self.log_path = os.path.join(log_dir, os.path.basename(self.qmp_path) + ".log")
-        if kind == "qemu":
+        if kind == "qemu" and machine is not None:  # a whole machine (linux_guest.py)
+            argv = [QEMU] + machine + ["-qmp", f"unix:{self.qmp_path},server=on,wait=off"]
+            if role == "dest":
+                argv += ["-incoming", "defer"]
+        elif kind == "qemu":
             (name, path, size), = ram
             argv = [QEMU, "-M", "none", "-nodefaults", "-display", "none",
                     "-object", f"memory-backend-file,id={name},size={size},mem-path={path},share=on",

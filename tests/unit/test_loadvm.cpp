@@ -104,7 +104,11 @@ size_t find(const std::vector<uint8_t> &s, std::initializer_list<uint8_t> pat)
     return size_t(it - s.begin());
 }
 
+
 } // namespace
+
+// Shared with test_park.cpp.
+std::vector<uint8_t> loadvm_test_good_stream(uint8_t fill) { return good_stream(fill); }
 
 TEST_CASE("a complete stream loads pages, zero pages and the run state", "[loadvm]")
 {
