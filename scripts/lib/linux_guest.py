@@ -2,7 +2,7 @@
 with a busybox initramfs built here, on QEMU 10's q35 machine, its serial
 console in a file.
 
-The guest's init fills 32 MiB of its memory with random bytes and prints
+The guest's init fills 32 MiB (or `fill` MiB) of its memory with random bytes and prints
 their checksum once (CHECKSUM), then loops: prints a counter with its
 uptime (COUNTER n seconds), rewrites 1 MiB of other memory, re-checks the
 32 MiB every 20 ticks (VERIFY sum), sleeps 100 ms. A guest that migrated
@@ -23,8 +23,10 @@ INIT = r"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
 mount -t devtmpfs dev /dev
-mkdir -p /m && mount -t tmpfs -o size=128m tmpfs /m
-dd if=/dev/urandom of=/m/pattern bs=1M count=32 2>/dev/null
+FILL=$(sed -n 's/.*fill=\([0-9]*\).*/\1/p' /proc/cmdline)
+FILL=${FILL:-32}
+mkdir -p /m && mount -t tmpfs -o size=$((FILL + 64))m tmpfs /m
+dd if=/dev/urandom of=/m/pattern bs=1M count=$FILL 2>/dev/null
 echo "CHECKSUM $(md5sum /m/pattern | cut -d' ' -f1)"
 i=0
 while true; do
@@ -80,12 +82,12 @@ def accelerator():
     return "kvm" if os.access("/dev/kvm", os.R_OK | os.W_OK) else "tcg"
 
 
-def machine_args(initrd, serial, mem="512M", extra=None):
+def machine_args(initrd, serial, mem="512M", extra=None, fill=32):
     accel = accelerator()
     return (["-M", "q35", "-m", mem, "-nodefaults", "-display", "none", "-accel", accel]
             + (["-cpu", "qemu64"] if accel == "kvm" else [])
             + ["-kernel", kernel_path(), "-initrd", initrd,
-               "-append", "console=ttyS0 quiet panic=-1", "-serial", f"file:{serial}",
+               "-append", f"console=ttyS0 quiet panic=-1 fill={fill}", "-serial", f"file:{serial}",
                "-no-reboot"] + (extra or []))
 
 
@@ -126,10 +128,10 @@ class LinuxGuest(Peer):
     """QEMU 10 running the guest (role source), or waiting for it (role
     dest, -incoming defer). `serial` is its console log."""
 
-    def __init__(self, role, initrd, tag, log_dir="/tmp", mem="512M", extra=None):
+    def __init__(self, role, initrd, tag, log_dir="/tmp", mem="512M", extra=None, fill=32):
         self.serial = SerialLog(os.path.join(log_dir, unique_name(tag) + ".serial"))
         super().__init__("qemu", role, [], tag, log_dir=log_dir,
-                         machine=machine_args(initrd, self.serial.path, mem, extra))
+                         machine=machine_args(initrd, self.serial.path, mem, extra, fill))
 
     def wait_booted(self, timeout=BOOT_TIMEOUT):
         """Until the guest printed its checksum and is counting."""
@@ -146,12 +148,14 @@ class LinuxGuest(Peer):
             pass
 
 
-def continued(before, after, timeout=30):
+def continued(before, after, timeout=30, checksum=None):
     """Checks that the guest whose console was `before` runs on with
     console `after`: read as one console (a line may be cut by the
     switchover), the counter goes on by ones without a reboot, and every
     VERIFY after it matches the first checksum. Returns (last n before,
-    first n after, the guest's uptime gap in seconds across the switch)."""
+    first n after, the guest's uptime gap in seconds across the switch).
+    `checksum`: the one the guest printed at boot, when `before` is a
+    console after an earlier migration."""
     after.wait_for(lambda s: len(s.counters()) >= 3 and s.verifies(), timeout,
                    "COUNTER and VERIFY lines after the migration")
     head, tail = before.text(), after.text()
@@ -163,7 +167,7 @@ def continued(before, after, timeout=30):
         if b != a + 1:
             raise AssertionError(f"counter went {a} -> {b} ({before.path}, {after.path})")
     cut = max(i for i, c in enumerate(counters) if c[0] < len(head))
-    want = before.checksums()[0]
+    want = checksum or before.checksums()[0]
     if any(v != want for v in after.verifies()):
         raise AssertionError(f"memory changed: VERIFY {after.verifies()} != CHECKSUM {want}")
     last, first = counters[cut], counters[cut + 1]
