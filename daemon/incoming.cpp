@@ -604,7 +604,7 @@ const std::vector<RamBlockDesc> *IncomingMigration::packet_blocks()
     return park_abort_ ? nullptr : &park_descs_;
 }
 
-Status IncomingMigration::park_finish(LoadvmResult &result)
+Result<ParkedVm> IncomingMigration::park_finish(LoadvmResult &result)
 {
     ParkedVm vm;
     vm.dir = params_.park_dir;
@@ -619,8 +619,9 @@ Status IncomingMigration::park_finish(LoadvmResult &result)
     spdlog::info("incoming migration: parked VM '{}' in {}: {} RAM blocks, {} bytes of device "
                  "state",
                  vm.machine_type, vm.dir, vm.blocks.size(), vm.device_state.size());
-    parked_ = std::move(vm);
-    return {};
+    vm.device_state_bytes = vm.device_state.size();
+    vm.device_state.clear(); // written; the loop keeps only the summary
+    return vm;
 }
 
 void IncomingMigration::park_discard()
@@ -654,9 +655,13 @@ void IncomingMigration::load_thread_main()
             result = st.error();
         }
     }
+    std::optional<ParkedVm> parked;
     if (result && load_cfg_.park) {
-        if (Status st = park_finish(*result); !st) {
-            result = st.error();
+        auto vm = park_finish(*result);
+        if (vm) {
+            parked = std::move(*vm);
+        } else {
+            result = vm.error();
         }
     }
     bytes_.fetch_add(f.pos(), std::memory_order_relaxed);
@@ -685,7 +690,10 @@ void IncomingMigration::load_thread_main()
         err = thread_error_;
     }
     std::string runstate = result ? result->runstate : "inmigrate";
-    dispatcher_.post([this, err, runstate] { finish(err, runstate); });
+    dispatcher_.post([this, err, runstate, parked = std::move(parked)]() mutable {
+        parked_ = std::move(parked);
+        finish(err, runstate);
+    });
 }
 
 void IncomingMigration::finish(std::optional<Error> err, std::string runstate)
@@ -740,7 +748,7 @@ nlohmann::json IncomingMigration::query() const
         r["parked"] = {{"dir", parked_->dir},
                        {"machine-type", parked_->machine_type},
                        {"blocks", blocks},
-                       {"device-state-bytes", parked_->device_state.size()}};
+                       {"device-state-bytes", parked_->device_state_bytes}};
     }
     return r;
 }

@@ -111,8 +111,9 @@ private:
     // Receive threads: the block list to decode packets with (null once
     // the migration is aborted).
     const std::vector<RamBlockDesc> *packet_blocks();
-    // Load thread, after the stream: device state and record.
-    Status park_finish(LoadvmResult &result);
+    // Load thread, after the stream: writes device state and record;
+    // returns the parked VM for the loop thread's query.
+    Result<ParkedVm> park_finish(LoadvmResult &result);
     // Loop thread, after a failed or cancelled park: its images go.
     void park_discard();
     // Any thread: record the first error and wake every thread.
@@ -159,8 +160,8 @@ private:
     bool park_ready_ = false; // protected by park_mu_
     bool park_abort_ = false; // protected by park_mu_
     std::vector<RamBlockDesc> park_descs_;
-    // The parked VM once complete (query); written by the load thread before
-    // it posts finish(), read by the loop thread after.
+    // The parked VM once complete (query). Loop thread only: the load
+    // thread hands it over with finish().
     std::optional<ParkedVm> parked_;
 
     std::atomic<uint64_t> normal_pages_{0};

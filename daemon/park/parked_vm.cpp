@@ -163,6 +163,7 @@ Result<ParkedVm> parked_vm_read(const std::string &dir)
     auto ds = read_file(device_state_path(dir), kMaxDeviceState);
     QMIGD_TRY(ds);
     vm->device_state.assign(ds->begin(), ds->end());
+    vm->device_state_bytes = vm->device_state.size();
     if (Status st = device_state_check(vm->device_state).status(); !st) {
         return Error(st.error()).prepend(fmt::format("parked VM '{}': ", dir));
     }

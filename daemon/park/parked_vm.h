@@ -35,6 +35,7 @@ struct ParkedVm {
     uint32_t ram_section_id = 0;
     std::vector<ParkedBlock> blocks;
     std::vector<uint8_t> device_state;
+    size_t device_state_bytes = 0; // its size, kept where the bytes are not
 };
 
 // DIR/NN-IDSTR.img for the index-th block.

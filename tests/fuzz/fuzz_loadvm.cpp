@@ -1,10 +1,11 @@
-// libFuzzer target: arbitrary bytes as a main channel (plain, multifd and
-// mapped-ram configurations) and as a multifd packet header. The decoders must reject
+// libFuzzer target: arbitrary bytes as a main channel (plain, multifd,
+// mapped-ram and park configurations) and as a multifd packet header. The decoders must reject
 // or accept without touching memory outside what they validated.
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "protocol/device_state.h"
 #include "protocol/loadvm.h"
 #include "protocol/multifd_packet.h"
 
@@ -50,6 +51,33 @@ struct BoundedRam : LoadvmHandler {
     }
 };
 
+// Park mode: blocks come from the stream; pages must lie inside them.
+struct ParkRam : LoadvmHandler {
+    std::vector<RamBlockDesc> blocks;
+    Status put_page(size_t block, uint64_t offset, const uint8_t *) override
+    {
+        return check(block, offset);
+    }
+    Status zero_page(size_t block, uint64_t offset) override { return check(block, offset); }
+    Status multifd_flush() override { return {}; }
+    Status announce_blocks(const std::vector<RamBlockDesc> &b) override
+    {
+        if (!blocks.empty() || b.empty()) {
+            __builtin_trap(); // announced twice, or nothing
+        }
+        blocks = b;
+        return {};
+    }
+    Status check(size_t block, uint64_t offset)
+    {
+        if (block >= blocks.size() || offset % TARGET_PAGE_SIZE ||
+            offset + TARGET_PAGE_SIZE > blocks[block].used_length) {
+            __builtin_trap();
+        }
+        return {};
+    }
+};
+
 } // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -64,6 +92,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         BoundedRam ram;
         ram.file_size = size;
         (void)qemu_loadvm_state(f, cfg, ram);
+    }
+    {
+        LoadvmConfig cfg;
+        cfg.park = true;
+        cfg.multifd = true;
+        MemoryInputStream in(data, size);
+        QEMUFileReader f(in, 256);
+        ParkRam ram;
+        auto r = qemu_loadvm_state(f, cfg, ram);
+        if (r.ok() && !device_state_check(r->device_state).ok()) {
+            __builtin_trap(); // parked a device state that is not whole
+        }
     }
     if (size >= MULTIFD_PACKET_HEADER_SIZE) {
         RamBlockDesc blocks[] = {{"mem", kBlockSize}};
