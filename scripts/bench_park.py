@@ -40,8 +40,7 @@ def main():
     guest = None
     try:
         initrd = lg.build_initramfs(work)
-        guest = lg.LinuxGuest("source", initrd, "bpark", log_dir=work, mem=args.mem, fill=args.fill)
-        guest.wait_booted()
+        guest = lg.boot(initrd, "bpark", log_dir=work, mem=args.mem, fill=args.fill)
         checksum = guest.serial.checksums()[0]
 
         def check_on(before, g):

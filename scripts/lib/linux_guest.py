@@ -77,13 +77,16 @@ def build_initramfs(directory):
         shutil.rmtree(root)
 
 
-def accelerator():
-    """KVM where it works, else TCG (the same test either way)."""
-    return "kvm" if os.access("/dev/kvm", os.R_OK | os.W_OK) else "tcg"
+_accel = []  # the accelerator a guest came up under, once one did
 
 
-def machine_args(initrd, serial, mem="512M", extra=None, fill=32):
-    accel = accelerator()
+def accelerators():
+    """KVM first where the host offers it, then TCG."""
+    return (["kvm"] if os.access("/dev/kvm", os.R_OK | os.W_OK) else []) + ["tcg"]
+
+
+def machine_args(initrd, serial, mem="512M", extra=None, fill=32, accel=None):
+    accel = accel or (_accel[0] if _accel else accelerators()[0])
     return (["-M", "q35", "-m", mem, "-nodefaults", "-display", "none", "-accel", accel]
             + (["-cpu", "qemu64"] if accel == "kvm" else [])
             + ["-kernel", kernel_path(), "-initrd", initrd,
@@ -128,10 +131,11 @@ class LinuxGuest(Peer):
     """QEMU 10 running the guest (role source), or waiting for it (role
     dest, -incoming defer). `serial` is its console log."""
 
-    def __init__(self, role, initrd, tag, log_dir="/tmp", mem="512M", extra=None, fill=32):
+    def __init__(self, role, initrd, tag, log_dir="/tmp", mem="512M", extra=None, fill=32,
+                 accel=None):
         self.serial = SerialLog(os.path.join(log_dir, unique_name(tag) + ".serial"))
         super().__init__("qemu", role, [], tag, log_dir=log_dir,
-                         machine=machine_args(initrd, self.serial.path, mem, extra, fill))
+                         machine=machine_args(initrd, self.serial.path, mem, extra, fill, accel))
 
     def wait_booted(self, timeout=BOOT_TIMEOUT):
         """Until the guest printed its checksum and is counting."""
@@ -146,6 +150,23 @@ class LinuxGuest(Peer):
             os.unlink(self.serial.path)
         except OSError:
             pass
+
+
+def boot(initrd, tag, log_dir="/tmp", mem="512M", fill=32, timeout=BOOT_TIMEOUT):
+    """A running guest: under KVM where one comes up there (a nested KVM
+    may print nothing), else under TCG; later guests (migration targets)
+    use the same accelerator. Raises Unavailable when none boots."""
+    tried = []
+    for accel in ([_accel[0]] if _accel else accelerators()):
+        guest = LinuxGuest("source", initrd, tag, log_dir, mem, fill=fill, accel=accel)
+        try:
+            guest.wait_booted(timeout)
+            _accel[:] = [accel]
+            return guest
+        except TimeoutError:
+            tried.append(f"{accel}: {guest.serial.text()[-300:]!r}")
+            guest.stop()
+    raise Unavailable(f"no guest came up within {timeout} s under " + "; ".join(tried))
 
 
 def continued(before, after, timeout=30, checksum=None):
