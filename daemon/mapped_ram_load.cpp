@@ -1,6 +1,8 @@
 #include "daemon/mapped_ram_load.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <memory>
 #include <atomic>
 #include <bit>
 #include <mutex>
@@ -16,11 +18,26 @@ namespace qmigd {
 
 namespace {
 
-constexpr uint64_t kLoadPieceBytes = 0x100000; // QEMU's MAPPED_RAM_LOAD_BUF_SIZE
+// One read request covers up to kSpanBytes of the pages region; a hole of
+// more than kGapBytes between two runs of pages ends it. Reading a hole
+// into a scratch buffer costs its bytes; starting another request costs
+// the request: here a virtual disk serves 1 MiB O_DIRECT reads at 4
+// threads at ~1.2 GB/s and 16 MiB ones at 2-3.5 GB/s, 0.3-0.8 ms per
+// request, which a 1 MiB hole costs too. (QEMU reads each run on its own,
+// in pieces of at most 1 MiB.)
+constexpr uint64_t kSpanBytes = 8 << 20;
+constexpr uint64_t kGapBytes = 1 << 20;
+// Each run is one iovec and each hole another.
+constexpr int kSpanIovs = 1024;
 
-struct Piece {
+struct Run {
     uint64_t offset; // in the block
     uint64_t len;
+};
+
+struct Span {
+    size_t first; // runs [first, first + count)
+    size_t count;
 };
 
 // The bitmap of pages present, as host words. Bits past the block's last
@@ -42,10 +59,10 @@ Result<std::vector<uint64_t>> read_bitmap(const MappedRamFileIn &in, const Mappe
     return words;
 }
 
-// Runs of set bits, cut into pieces of at most kLoadPieceBytes.
-std::vector<Piece> pieces_of(const std::vector<uint64_t> &bits, uint64_t pages)
+// Runs of set bits, none longer than a span.
+std::vector<Run> runs_of(const std::vector<uint64_t> &bits, uint64_t pages)
 {
-    std::vector<Piece> out;
+    std::vector<Run> out;
     uint64_t p = 0;
     auto set = [&](uint64_t i) { return (bits[i / 64] >> (i % 64)) & 1; };
     while (p < pages) {
@@ -58,7 +75,7 @@ std::vector<Piece> pieces_of(const std::vector<uint64_t> &bits, uint64_t pages)
             continue;
         }
         uint64_t start = p;
-        while (p < pages && set(p) && (p - start + 1) * TARGET_PAGE_SIZE <= kLoadPieceBytes) {
+        while (p < pages && set(p) && (p - start + 1) * TARGET_PAGE_SIZE <= kSpanBytes) {
             p++;
         }
         out.push_back({start * TARGET_PAGE_SIZE, (p - start) * TARGET_PAGE_SIZE});
@@ -66,16 +83,45 @@ std::vector<Piece> pieces_of(const std::vector<uint64_t> &bits, uint64_t pages)
     return out;
 }
 
-// One piece, read straight into the pre-faulted mapping whatever the
-// image's page path: a file read is a kernel copy either way, and into the
-// mapping it is one copy with the faults taken in the kernel, where a
-// buffer would add a pwrite (1.15 s against 0.8 s for a 2 GiB mixed load
-// on 4 KiB tmpfs here, where the page path picks pwrite for sockets).
-Status load_piece(int fd, RamImage &img, const MappedRamHeader &h, const Piece &pc)
+// Consecutive runs that one read request covers.
+std::vector<Span> spans_of(const std::vector<Run> &runs)
 {
-    auto dst = img.writable_range(pc.offset, pc.len);
-    QMIGD_TRY(dst);
-    return pread_full(fd, *dst, pc.len, h.pages_offset + pc.offset);
+    std::vector<Span> out;
+    for (size_t i = 0; i < runs.size();) {
+        size_t j = i + 1;
+        while (j < runs.size() && int(2 * (j - i + 1)) <= kSpanIovs &&
+               runs[j].offset - (runs[j - 1].offset + runs[j - 1].len) <= kGapBytes &&
+               runs[j].offset + runs[j].len - runs[i].offset <= kSpanBytes) {
+            j++;
+        }
+        out.push_back({i, j - i});
+        i = j;
+    }
+    return out;
+}
+
+// One span, its runs read straight into the pre-faulted mapping whatever
+// the image's page path (a file read is a kernel copy either way, and into
+// the mapping it is one copy with the faults taken in the kernel, where a
+// buffer would add a pwrite), its holes into `scratch` (kGapBytes, page
+// aligned for O_DIRECT; what lands there is dropped).
+Status load_span(int fd, RamImage &img, const MappedRamHeader &h, const std::vector<Run> &runs,
+                 const Span &sp, uint8_t *scratch)
+{
+    struct iovec iov[kSpanIovs];
+    int n = 0;
+    for (size_t k = sp.first; k < sp.first + sp.count; k++) {
+        if (k > sp.first) {
+            uint64_t prev_end = runs[k - 1].offset + runs[k - 1].len;
+            if (runs[k].offset > prev_end) {
+                iov[n++] = {scratch, runs[k].offset - prev_end};
+            }
+        }
+        auto dst = img.writable_range(runs[k].offset, runs[k].len);
+        QMIGD_TRY(dst);
+        iov[n++] = {*dst, runs[k].len};
+    }
+    return preadv_full(fd, iov, n, h.pages_offset + runs[sp.first].offset);
 }
 
 // Every page whose bit is clear reads as zero (a fresh image already does:
@@ -104,7 +150,11 @@ Status mapped_ram_load_block(const MappedRamFileIn &in, RAMBlock &block,
     QMIGD_TRY(mapped_ram_header_check(h, id, block.desc.used_length, in.file_size));
     auto bits = read_bitmap(in, h, pages);
     QMIGD_TRY(bits);
-    std::vector<Piece> todo = pieces_of(*bits, pages);
+    std::vector<Run> runs = runs_of(*bits, pages);
+    std::vector<Span> todo = spans_of(runs);
+    for (const Run &r : runs) { // before the readers: see RamImage::allocate
+        block.image->allocate(r.offset, r.len);
+    }
 
     std::atomic<size_t> next{0};
     std::mutex err_mu;
@@ -112,13 +162,16 @@ Status mapped_ram_load_block(const MappedRamFileIn &in, RAMBlock &block,
     std::atomic<bool> stop{false};
     auto worker = [&](unsigned t) {
         int fd = in.direct_fds.empty() ? in.fd : in.direct_fds[t % in.direct_fds.size()];
+        std::unique_ptr<uint8_t, decltype(&std::free)> scratch(
+            static_cast<uint8_t *>(std::aligned_alloc(TARGET_PAGE_SIZE, kGapBytes)), &std::free);
         for (size_t i; !stop && (i = next.fetch_add(1)) < todo.size();) {
-            const Piece &pc = todo[i];
-            Status st = load_piece(fd, *block.image, h, pc);
+            uint64_t at = runs[todo[i].first].offset;
+            Status st = scratch ? load_span(fd, *block.image, h, runs, todo[i], scratch.get())
+                                : Status(Error("out of memory"));
             if (!st) {
                 st = Error(st.error()).prepend(fmt::format("({}) failed to read page {:x} from "
                                                            "file offset {:x}: ",
-                                                           id, pc.offset, h.pages_offset + pc.offset));
+                                                           id, at, h.pages_offset + at));
                 std::lock_guard<std::mutex> lk(err_mu);
                 if (!err) {
                     err = st.error();

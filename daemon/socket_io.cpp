@@ -227,10 +227,15 @@ Status pwrite_full(int fd, const void *buf, size_t n, uint64_t offset)
     return pwritev_full(fd, &iov, 1, offset);
 }
 
+Status preadv_full(int fd, struct iovec *iov, int count, uint64_t offset)
+{
+    return positioned_io(fd, iov, count, offset, ::preadv, "read from", "unexpected end of file");
+}
+
 Status pread_full(int fd, void *buf, size_t n, uint64_t offset)
 {
     struct iovec iov = {buf, n};
-    return positioned_io(fd, &iov, 1, offset, ::preadv, "read from", "unexpected end of file");
+    return preadv_full(fd, &iov, 1, offset);
 }
 
 void shutdown_fd(int fd)

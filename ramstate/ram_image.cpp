@@ -306,6 +306,13 @@ Result<uint8_t *> RamImage::writable_range(uint64_t offset, size_t len)
     return base_ + offset;
 }
 
+void RamImage::allocate(uint64_t offset, size_t len)
+{
+    if (backing_.kind == BackingKind::Tmpfs && offset <= size_ && len <= size_ - offset) {
+        (void)::fallocate(fd_, FALLOC_FL_KEEP_SIZE, off_t(offset), off_t(len));
+    }
+}
+
 Status RamImage::commit_pages(const uint64_t *offsets, uint32_t n, const uint8_t *buf)
 {
     if (paths_.write == PageAccess::Mapped) {

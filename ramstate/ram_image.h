@@ -70,6 +70,13 @@ public:
     // which is one kernel copy with its faults taken inside the kernel
     // (mapped-ram loads).
     Result<uint8_t *> writable_range(uint64_t offset, size_t len);
+    // 4 KiB tmpfs: allocates [offset, offset + len) through the file, from
+    // one thread, before writable_range() maps it. Allocating shmem pages
+    // with fallocate and then mapping them cost a third of populating the
+    // mapping alone here (PVM guest, 1.2 GiB: 0.26 s vs 0.33-1.0 s); from
+    // several threads at once both serialise on the file. Best effort:
+    // writable_range() reports what fails.
+    void allocate(uint64_t offset, size_t len);
     // Makes the page read as zeros. A page known to be a hole is left alone;
     // any other is read and, only if it holds data, punched out of the file
     // (or cleared where 4 KiB holes cannot be punched).
