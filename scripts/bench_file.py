@@ -65,32 +65,35 @@ def configure(peer, channels, direct_io):
 
 
 def timed_peer(kind, role, img, size, channels, direct_io, cmd, uri):
-    """A fresh peer runs one save or restore; its log stays only if that fails."""
+    """A fresh peer runs one save or restore; its log stays only if that
+    fails. Returns seconds and the final query-migrate."""
     peer = Peer(kind, role, [("mem", img, size)], f"bench-{role}")
     try:
         configure(peer, channels, direct_io)
-        secs, _ = timed(peer, cmd, uri)
+        secs, info = timed(peer, cmd, uri)
     finally:
         peer.stop()
     remove(peer.log_path)
-    return secs
+    return secs, info
 
 
 def one_round(kind, src_img, size, directory, channels, direct_io):
     f = os.path.join(directory, unique_name(f"save-{kind}") + ".mig")
     dst_img = f"/dev/shm/{unique_name('bench-dst')}.ram"
     try:
-        save = timed_peer(kind, "source", src_img, size, channels, direct_io, "migrate",
-                          f"file:{f}")
-        file_bytes = os.stat(f).st_blocks * 512
+        save, info = timed_peer(kind, "source", src_img, size, channels, direct_io, "migrate",
+                                f"file:{f}")
+        # The page data, as the source counts it: a writer may fill short
+        # runs of zero pages too, which the file's allocated size would count.
+        page_bytes = info["ram"]["normal-bytes"]
         fd = os.open(f, os.O_RDONLY)  # the main stream is buffered: drop it
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
-        restore = timed_peer(kind, "dest", dst_img, size, channels, direct_io,
-                             "migrate-incoming", f"file:{f}")
+        restore, _ = timed_peer(kind, "dest", dst_img, size, channels, direct_io,
+                                "migrate-incoming", f"file:{f}")
         if not files_equal(src_img, dst_img):
             sys.exit(f"{kind}: restored image differs")
-        return save, restore, file_bytes
+        return save, restore, page_bytes
     finally:
         remove(f, dst_img)
 
@@ -120,7 +123,7 @@ def main():
                                                 direct_io)
                 runs[kind].append((save, restore, data))
                 print(f"  run {r + 1} {kind:>5}: save {save:6.2f} s  restore {restore:6.2f} s  "
-                      f"file data {data / 1e6:.0f} MB", flush=True)
+                      f"page data {data / 1e6:.0f} MB", flush=True)
         med = {k: [statistics.median(x[i] for x in v) for i in range(3)] for k, v in runs.items()}
         cfg = (f"{args.size} {args.content}, mapped-ram, "
                f"{'multifd ' + str(args.channels) if args.channels else 'multifd off'}"
@@ -129,7 +132,7 @@ def main():
         for i, what, disk in ((0, "save", wr), (1, "restore", rd)):
             q, m = med["qemu"][i], med["qmigd"][i]
             mbq, mbm = med["qemu"][2] / q / 1e6, med["qmigd"][2] / m / 1e6
-            print(f"| {what} s (MB/s of file data, % of disk) | {q:.2f} ({mbq:.0f}, "
+            print(f"| {what} s (MB/s of page data, % of disk) | {q:.2f} ({mbq:.0f}, "
                   f"{100 * mbq / disk:.0f}%) | {m:.2f} ({mbm:.0f}, {100 * mbm / disk:.0f}%) "
                   f"| {m / q:.2f}x |")
     finally:

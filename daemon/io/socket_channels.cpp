@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "daemon/socket_io.h"
 
@@ -160,6 +161,15 @@ void SocketListener::start_reading(PendingConnection *c)
         [](uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
             auto *pc = static_cast<PendingConnection *>(s->data);
             SocketListener *self = pc->owner_;
+            if (nread == UV_EOF && pc->have_ == 0) {
+                // Nothing sent at all: a port probe, or a source that
+                // connected its channels and gave up before using them
+                // (its own error says why). It costs the migration nothing,
+                // so it does not end it.
+                spdlog::info("incoming connection closed before sending anything: ignored");
+                pc->close();
+                return;
+            }
             if (nread < 0) {
                 Error e(nread == UV_EOF
                             ? "incoming connection closed before it identified itself"
