@@ -22,28 +22,73 @@ const MappedRamHeader &MappedRamSave::place(size_t block, uint64_t header_pos)
     return b.layout;
 }
 
+namespace {
+
+// What the zero gaps inside a write point at (page-aligned for O_DIRECT).
+alignas(4096) const uint8_t kZeroGap[MappedRamSave::kZeroGapPages * TARGET_PAGE_SIZE] = {};
+
+// Zero pages (null) from i on among the n pages, while offsets stay
+// consecutive.
+uint32_t zero_stretch(const uint64_t *offsets, const uint8_t *const *where, uint32_t i,
+                      uint32_t n)
+{
+    uint32_t k = i;
+    while (k < n && !where[k] &&
+           (k == i || offsets[k] == offsets[k - 1] + TARGET_PAGE_SIZE)) {
+        k++;
+    }
+    return k - i;
+}
+
+} // namespace
+
 Status MappedRamSave::write_pages(int fd, size_t block, const uint64_t *offsets,
                                   const uint8_t *const *where, uint32_t n)
 {
     Block &b = blocks_[block];
-    struct iovec iov[MULTIFD_PACKET_PAGES];
+    auto set_bit = [&](uint64_t offset, bool data) {
+        uint64_t page = offset >> TARGET_PAGE_BITS;
+        uint64_t bit = uint64_t(1) << (page % 64);
+        if (data) {
+            b.bmap[page / 64].fetch_or(bit, std::memory_order_relaxed);
+        } else {
+            b.bmap[page / 64].fetch_and(~bit, std::memory_order_relaxed);
+        }
+    };
+    std::vector<struct iovec> iov(2 * size_t(n)); // a page or a gap each, at most
     uint32_t i = 0;
     while (i < n) {
-        // One run of consecutive pages; one iovec per page unless the
-        // source bytes are contiguous too (the mapping path).
-        uint32_t run = 0;
+        if (!where[i]) { // zero pages before a run's data: nothing to write
+            set_bit(offsets[i++], false);
+            continue;
+        }
+        // One run of consecutive offsets starting with data; one iovec per
+        // page unless the source bytes are contiguous too (the mapping path).
         int niov = 0;
-        while (i + run < n && offsets[i + run] == offsets[i] + uint64_t(run) * TARGET_PAGE_SIZE &&
-               niov < int(MULTIFD_PACKET_PAGES)) {
-            iov_append(iov, &niov, where[i + run], TARGET_PAGE_SIZE);
-            run++;
+        uint64_t start = offsets[i];
+        uint32_t end = i; // pages [i, end) are in this write
+        while (end < n && offsets[end] == start + uint64_t(end - i) * TARGET_PAGE_SIZE) {
+            if (where[end]) {
+                set_bit(offsets[end], true);
+                iov_append(iov.data(), &niov, where[end], TARGET_PAGE_SIZE);
+                end++;
+                continue;
+            }
+            uint32_t z = zero_stretch(offsets, where, end, n);
+            uint32_t after = end + z;
+            bool more = after < n && where[after] &&
+                        offsets[after] == offsets[after - 1] + TARGET_PAGE_SIZE;
+            if (z > kZeroGapPages || !more) {
+                break; // a long stretch, or trailing zeros: the write ends here
+            }
+            for (uint32_t k = end; k < after; k++) {
+                set_bit(offsets[k], false);
+            }
+            iov[niov++] = {const_cast<uint8_t *>(kZeroGap), size_t(z) * TARGET_PAGE_SIZE};
+            end = after;
         }
-        QMIGD_TRY(pwritev_full(fd, iov, niov, b.layout.pages_offset + offsets[i]));
-        for (uint32_t k = 0; k < run; k++) {
-            uint64_t page = (offsets[i + k] >> TARGET_PAGE_BITS);
-            b.bmap[page / 64].fetch_or(uint64_t(1) << (page % 64), std::memory_order_relaxed);
-        }
-        i += run;
+        QMIGD_TRY(pwritev_full(fd, iov.data(), niov, b.layout.pages_offset + start));
+        i = end;
     }
     return {};
 }

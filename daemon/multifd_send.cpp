@@ -24,6 +24,8 @@ MultiFDSend::MultiFDSend(std::vector<int> fds, const std::vector<RAMBlock> &bloc
         auto ch = std::make_unique<Channel>();
         ch->id = unsigned(i);
         ch->fd = fds[i];
+        ch->data = std::make_unique<AlignedBuffer>(
+            size_t(file_ ? MultiFDJob::kPackets : 1) * MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE);
         channels_.push_back(std::move(ch));
     }
 }
@@ -178,28 +180,43 @@ Status MultiFDSend::packet_pages(Channel &ch, const MultiFDJob &job, uint32_t pa
         }
         return {};
     }
-    return blocks_[pages.block].image->load_pages(pages.offset, pages.num, ch.data.get(), where);
+    // A whole job's pages stay readable at once with mapped-ram (its
+    // buffer has a slot per packet); a socket sends each packet in turn.
+    uint8_t *buf = ch.data->get() +
+                   (file_ ? size_t(packet) * MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE : 0);
+    return blocks_[pages.block].image->load_pages(pages.offset, pages.num, buf, where);
 }
 
-// mapped-ram: the packet's pages go to their places in the file, zero
-// pages nowhere (multifd_send_zero_page_detect + file_write_ramblock_iov).
-Status MultiFDSend::write_file_pages(Channel &ch, const MultiFDJob &job, uint32_t packet)
+// mapped-ram: a job's pages go to their places in the file, zero pages
+// nowhere (multifd_send_zero_page_detect + file_write_ramblock_iov), all of
+// its packets at once: a run of pages across packets is one write, and a
+// disk request costs about what 256 KiB does (MappedRamSave::kZeroGapPages).
+Status MultiFDSend::write_file_job(Channel &ch, const MultiFDJob &job)
 {
-    const MultiFDPages &pages = job.packets[packet];
-    const uint8_t *where[MULTIFD_PACKET_PAGES];
-    QMIGD_TRY(packet_pages(ch, job, packet, where));
-    uint64_t offsets[MULTIFD_PACKET_PAGES];
-    uint32_t normal = 0;
-    for (uint32_t i = 0; i < pages.num; i++) {
-        if (detect_zero_ && RamImage::is_zero_page(where[i])) {
-            file_->mark_zero(pages.block, pages.offset[i]);
-            ch.zero.fetch_add(1, std::memory_order_relaxed);
-            continue;
+    constexpr uint32_t kMax = MultiFDJob::kPackets * MULTIFD_PACKET_PAGES;
+    const uint8_t *where[kMax];
+    uint64_t offsets[kMax];
+    uint32_t n = 0, normal = 0;
+    for (uint32_t k = 0; k < job.count; k++) {
+        const MultiFDPages &pages = job.packets[k];
+        if (n && pages.block != job.packets[k - 1].block) {
+            QMIGD_TRY(file_->write_pages(ch.fd, job.packets[k - 1].block, offsets, where, n));
+            n = 0;
         }
-        offsets[normal] = pages.offset[i];
-        where[normal++] = where[i];
+        QMIGD_TRY(packet_pages(ch, job, k, where + n));
+        for (uint32_t i = 0; i < pages.num; i++, n++) {
+            offsets[n] = pages.offset[i];
+            if (detect_zero_ && RamImage::is_zero_page(where[n])) {
+                where[n] = nullptr; // its bit is cleared, nothing written for it
+                ch.zero.fetch_add(1, std::memory_order_relaxed);
+            } else {
+                normal++;
+            }
+        }
     }
-    QMIGD_TRY(file_->write_pages(ch.fd, pages.block, offsets, where, normal));
+    if (n) {
+        QMIGD_TRY(file_->write_pages(ch.fd, job.packets[job.count - 1].block, offsets, where, n));
+    }
     ch.bytes.fetch_add(uint64_t(normal) * TARGET_PAGE_SIZE, std::memory_order_relaxed);
     ch.normal.fetch_add(normal, std::memory_order_relaxed);
     return {};
@@ -208,8 +225,8 @@ Status MultiFDSend::write_file_pages(Channel &ch, const MultiFDJob &job, uint32_
 Status MultiFDSend::send_packet(Channel &ch, const MultiFDJob *job, uint32_t packet,
                                 uint32_t flags)
 {
-    if (file_) { // a SYNC is only the wait for this channel to be idle
-        return job ? write_file_pages(ch, *job, packet) : Status();
+    if (file_) { // pages go by write_file_job(); a SYNC is only the wait for idle
+        return {};
     }
     const MultiFDPages *pages = job ? &job->packets[packet] : nullptr;
     uint8_t header[MULTIFD_PACKET_HEADER_SIZE];
@@ -300,7 +317,10 @@ void MultiFDSend::channel_main(Channel &ch)
         }
         if (ch.pending_job) {
             lk.unlock();
-            for (uint32_t i = 0; i < ch.job->count && st; i++) {
+            if (file_) {
+                st = write_file_job(ch, *ch.job);
+            }
+            for (uint32_t i = 0; !file_ && i < ch.job->count && st; i++) {
                 st = send_packet(ch, ch.job.get(), i, 0);
             }
             lk.lock();

@@ -112,8 +112,9 @@ private:
         // Owned by the channel thread while pending_job, else by main.
         std::unique_ptr<MultiFDJob> job = std::make_unique<MultiFDJob>();
         // Channel thread only: the packet's page data on the File path
-        // (page-aligned: O_DIRECT writes it as it is).
-        AlignedBuffer data{MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE};
+        // (page-aligned: O_DIRECT writes it as it is); a whole job's with
+        // mapped-ram, which writes a job at once.
+        std::unique_ptr<AlignedBuffer> data;
         // Channel thread only (main, once idle: terminate_tls): with TLS.
         std::unique_ptr<TlsSession> tls;
         // Channel thread only, with compression: the stream and its output.
@@ -129,7 +130,7 @@ private:
     void channel_main(Channel &ch);
     Status channel_setup(Channel &ch);
     Status send_packet(Channel &ch, const MultiFDJob *job, uint32_t packet, uint32_t flags);
-    Status write_file_pages(Channel &ch, const MultiFDJob &job, uint32_t packet);
+    Status write_file_job(Channel &ch, const MultiFDJob &job);
     // Where packet `packet` of `job` finds its pages' bytes.
     Status packet_pages(Channel &ch, const MultiFDJob &job, uint32_t packet,
                         const uint8_t **where);
