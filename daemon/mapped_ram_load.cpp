@@ -10,6 +10,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "daemon/socket_io.h"
 #include "daemon/thread_name.h"
@@ -152,9 +153,11 @@ Status mapped_ram_load_block(const MappedRamFileIn &in, RAMBlock &block,
     QMIGD_TRY(bits);
     std::vector<Run> runs = runs_of(*bits, pages);
     std::vector<Span> todo = spans_of(runs);
+    spdlog::debug("mapped-ram load '{}': {} runs in {} spans", id, runs.size(), todo.size());
     for (const Run &r : runs) { // before the readers: see RamImage::allocate
         block.image->allocate(r.offset, r.len);
     }
+    spdlog::debug("mapped-ram load '{}': pages allocated", id);
 
     std::atomic<size_t> next{0};
     std::mutex err_mu;
@@ -195,6 +198,7 @@ Status mapped_ram_load_block(const MappedRamFileIn &in, RAMBlock &block,
     if (err) {
         return *err;
     }
+    spdlog::debug("mapped-ram load '{}': pages read", id);
     QMIGD_TRY(zero_clear_pages(*block.image, *bits, pages));
     uint64_t normal = 0;
     for (uint64_t w : *bits) {
