@@ -122,7 +122,8 @@ def resume_into_qemu(directory, tag, multifd=True, zpd="multifd", extra=None):
         first = _parked["serial"]
         last_n, first_n, gap = lg.continued(first, guest.serial)
         print(f"  resumed in {secs:.2f} s (downtime {si['downtime']} ms): counter {last_n} -> "
-              f"{first_n}, guest uptime gap {gap:.2f} s, checksum verified")
+              f"{first_n}, guest uptime gap {gap:.2f} s, checksum {first.checksums()[0]} "
+              f"verified {len(guest.serial.verifies())}x")
         return guest.serial, si
     finally:
         stop_all(src, guest)
