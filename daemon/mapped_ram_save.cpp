@@ -46,20 +46,11 @@ Status MappedRamSave::write_pages(int fd, size_t block, const uint64_t *offsets,
                                   const uint8_t *const *where, uint32_t n)
 {
     Block &b = blocks_[block];
-    auto set_bit = [&](uint64_t offset, bool data) {
-        uint64_t page = offset >> TARGET_PAGE_BITS;
-        uint64_t bit = uint64_t(1) << (page % 64);
-        if (data) {
-            b.bmap[page / 64].fetch_or(bit, std::memory_order_relaxed);
-        } else {
-            b.bmap[page / 64].fetch_and(~bit, std::memory_order_relaxed);
-        }
-    };
     std::vector<struct iovec> iov(2 * size_t(n)); // a page or a gap each, at most
     uint32_t i = 0;
     while (i < n) {
         if (!where[i]) { // zero pages before a run's data: nothing to write
-            set_bit(offsets[i++], false);
+            mark(block, offsets[i++], false);
             continue;
         }
         // One run of consecutive offsets starting with data; one iovec per
@@ -69,7 +60,7 @@ Status MappedRamSave::write_pages(int fd, size_t block, const uint64_t *offsets,
         uint32_t end = i; // pages [i, end) are in this write
         while (end < n && offsets[end] == start + uint64_t(end - i) * TARGET_PAGE_SIZE) {
             if (where[end]) {
-                set_bit(offsets[end], true);
+                mark(block, offsets[end], true);
                 iov_append(iov.data(), &niov, where[end], TARGET_PAGE_SIZE);
                 end++;
                 continue;
@@ -82,7 +73,7 @@ Status MappedRamSave::write_pages(int fd, size_t block, const uint64_t *offsets,
                 break; // a long stretch, or trailing zeros: the write ends here
             }
             for (uint32_t k = end; k < after; k++) {
-                set_bit(offsets[k], false);
+                mark(block, offsets[k], false);
             }
             iov[niov++] = {const_cast<uint8_t *>(kZeroGap), size_t(z) * TARGET_PAGE_SIZE};
             end = after;
@@ -93,11 +84,20 @@ Status MappedRamSave::write_pages(int fd, size_t block, const uint64_t *offsets,
     return {};
 }
 
-void MappedRamSave::mark_zero(size_t block, uint64_t offset)
+void MappedRamSave::mark(size_t block, uint64_t offset, bool data)
 {
     uint64_t page = offset >> TARGET_PAGE_BITS;
-    blocks_[block].bmap[page / 64].fetch_and(~(uint64_t(1) << (page % 64)),
-                                             std::memory_order_relaxed);
+    uint64_t bit = uint64_t(1) << (page % 64);
+    if (data) {
+        blocks_[block].bmap[page / 64].fetch_or(bit, std::memory_order_relaxed);
+    } else {
+        blocks_[block].bmap[page / 64].fetch_and(~bit, std::memory_order_relaxed);
+    }
+}
+
+void MappedRamSave::mark_zero(size_t block, uint64_t offset)
+{
+    mark(block, offset, false);
 }
 
 Result<uint64_t> MappedRamSave::write_bitmaps(QEMUFileWriter &out)

@@ -48,6 +48,9 @@ public:
     static constexpr uint32_t kZeroGapPages = 64;
 
 private:
+    // The page's bit: set = its data is in the file.
+    void mark(size_t block, uint64_t offset, bool data);
+
     struct Block {
         uint64_t used_length = 0;
         MappedRamHeader layout;

@@ -96,14 +96,19 @@ Result<ParkedVm> parse_record(const std::string &dir, const std::string &text)
 
 } // namespace
 
-std::string parked_block_path(const std::string &dir, size_t index, const std::string &idstr)
+std::string parked_block_file(size_t index, const std::string &idstr)
 {
     std::string name = fmt::format("{:02}-", index);
     for (char c : idstr) {
         bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
         name += ok ? c : '_';
     }
-    return dir + "/" + name + ".img";
+    return name + ".img";
+}
+
+std::string parked_block_path(const std::string &dir, size_t index, const std::string &idstr)
+{
+    return dir + "/" + parked_block_file(index, idstr);
 }
 
 Status park_dir_check(const std::string &dir)
@@ -135,7 +140,7 @@ Status parked_vm_write(const ParkedVm &vm)
         const ParkedBlock &b = vm.blocks[i];
         j["blocks"].push_back({{"idstr", b.idstr},
                                {"size", b.size},
-                               {"file", parked_block_path("", i, b.idstr).substr(1)}});
+                               {"file", parked_block_file(i, b.idstr)}});
     }
     std::string text = j.dump(1) + "\n";
     return write_file(record_path(vm.dir), text.data(), text.size());

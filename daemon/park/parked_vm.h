@@ -38,7 +38,8 @@ struct ParkedVm {
     size_t device_state_bytes = 0; // its size, kept where the bytes are not
 };
 
-// DIR/NN-IDSTR.img for the index-th block.
+// NN-IDSTR.img for the index-th block, and the same in DIR.
+std::string parked_block_file(size_t index, const std::string &idstr);
 std::string parked_block_path(const std::string &dir, size_t index, const std::string &idstr);
 // Where a VM may be parked: an existing directory with no parked VM in it.
 Status park_dir_check(const std::string &dir);
