@@ -95,7 +95,7 @@ struct ScratchFile {
 
 // First write into each page of a fresh shared mapping of a fresh file:
 // what a receiver that writes through the mapping pays per page.
-double fault_ns_per_page(const std::string &dir, size_t bytes)
+double fault_pass_ns(const std::string &dir, size_t bytes)
 {
     ScratchFile f(dir, bytes);
     if (f.fd < 0) {
@@ -113,6 +113,21 @@ double fault_ns_per_page(const std::string &dir, size_t bytes)
     double s = seconds_since(t0);
     munmap(p, bytes);
     return s * 1e9 / double(bytes / TARGET_PAGE_SIZE);
+}
+
+// The least of a few passes. A hugetlbfs pool page's first use on a
+// paravirtualised host includes the host backing it: ~9.5 us per 4 KiB
+// against 0.25 us for a pool page used before (seen: two passes at 9.7 and
+// 9.2 us, the third at 0.25). Migrations reuse the pool, so the limit is
+// the used page's cost.
+double fault_ns_per_page(const std::string &dir, size_t bytes)
+{
+    double best = -1;
+    for (int pass = 0; pass < 4; pass++) {
+        double ns = fault_pass_ns(dir, bytes);
+        best = best < 0 || (ns >= 0 && ns < best) ? ns : best;
+    }
+    return best;
 }
 
 double pwrite_gbps(const std::string &dir, size_t bytes)
