@@ -163,6 +163,7 @@ QmpResult Daemon::cmd_migrate(const json &args)
     p.max_throttle = config_.max_cpu_throttle();
     p.throttle_trigger_threshold = config_.parameters()["throttle-trigger-threshold"];
     p.link_timeout_ms = opts_.link_timeout_ms;
+    p.local_send_buffer = opts_.local_send_buffer;
     p.mapped_ram = config_.capability("mapped-ram");
     p.direct_io = config_.direct_io();
     p.compression = {*compression, config_.multifd_compression_level()};

@@ -35,6 +35,8 @@ struct DaemonOptions {
     // A channel whose peer acknowledges nothing for this long fails the
     // migration (dead link); 0 waits as long as the kernel does.
     unsigned link_timeout_ms = 30000;
+    // Source: send buffer per channel to a destination on this host.
+    unsigned local_send_buffer = 128 << 10;
     // --object specs (tls-creds-x509, authz-list), created at start.
     std::vector<std::string> objects;
 };

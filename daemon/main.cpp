@@ -57,6 +57,9 @@ int main(int argc, char **argv)
                      "a migration URI (tcp:, unix:, fd:, exec:, file:) or defer (default)");
     source->add_option("--control", src.control_path,
                        "guest control record (default: first image + .ctl)");
+    source->add_option("--local-send-buffer", src.local_send_buffer,
+                       "SO_SNDBUF of each channel to a destination on this host, keeping the "
+                       "pages in flight in cache (default 131072; 0 = kernel autotuning)");
 
     GuestOptions g;
     std::string g_level = "info", g_pattern = "random", g_hot = "64M";

@@ -40,6 +40,9 @@ struct OutgoingParams {
     unsigned max_throttle = 99;
     unsigned throttle_trigger_threshold = 50;
     unsigned link_timeout_ms = 30000; // dead-link detection, 0 = never
+    // SO_SNDBUF of every channel when the destination is on this host
+    // (set_send_buffer() says why); 0 keeps the kernel's autotuning.
+    unsigned local_send_buffer = 128 << 10;
     // mapped-ram (file: only): pages at fixed offsets; with multifd each
     // channel is a descriptor of the same file, O_DIRECT with direct_io.
     bool mapped_ram = false;

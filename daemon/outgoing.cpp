@@ -140,8 +140,16 @@ void OutgoingMigration::on_connected(Result<std::vector<int>> fds)
         finish(fds.error());
         return;
     }
+    bool local = params_.local_send_buffer && !fds->empty() && peer_is_local(fds->front());
     for (int fd : *fds) {
         set_link_timeout(fd, params_.link_timeout_ms);
+        if (local) {
+            set_send_buffer(fd, params_.local_send_buffer);
+        }
+    }
+    if (local) {
+        spdlog::info("destination is on this host: send buffers of {} KiB per channel",
+                     params_.local_send_buffer >> 10);
     }
     {
         std::lock_guard<std::mutex> lk(fds_mu_);

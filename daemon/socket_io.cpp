@@ -273,6 +273,33 @@ void set_link_timeout(int fd, unsigned ms)
     setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms));
 }
 
+bool peer_is_local(int fd)
+{
+    sockaddr_storage peer{}, self{};
+    socklen_t plen = sizeof(peer), slen = sizeof(self);
+    if (!is_tcp(fd) || getpeername(fd, reinterpret_cast<sockaddr *>(&peer), &plen) < 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr *>(&self), &slen) < 0) {
+        return false;
+    }
+    if (peer.ss_family == AF_INET) {
+        auto &p = reinterpret_cast<const sockaddr_in &>(peer);
+        auto &s = reinterpret_cast<const sockaddr_in &>(self);
+        return (ntohl(p.sin_addr.s_addr) >> 24) == 127 || p.sin_addr.s_addr == s.sin_addr.s_addr;
+    }
+    auto &p = reinterpret_cast<const sockaddr_in6 &>(peer);
+    auto &s = reinterpret_cast<const sockaddr_in6 &>(self);
+    const uint8_t *a = p.sin6_addr.s6_addr;
+    bool v4_loopback = IN6_IS_ADDR_V4MAPPED(&p.sin6_addr) && a[12] == 127;
+    return IN6_IS_ADDR_LOOPBACK(&p.sin6_addr) || v4_loopback ||
+           std::memcmp(&p.sin6_addr, &s.sin6_addr, sizeof(in6_addr)) == 0;
+}
+
+void set_send_buffer(int fd, unsigned bytes)
+{
+    int v = int(std::min<unsigned>(bytes, INT32_MAX / 2));
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof(v));
+}
+
 Result<int> take_blocking_fd(int uv_fd)
 {
     int fd = fcntl(uv_fd, F_DUPFD_CLOEXEC, 0);

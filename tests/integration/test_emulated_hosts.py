@@ -49,6 +49,9 @@ def test_migration_over_1gbit_link():
         print(f"  {si['ram']['transferred'] >> 20} MiB in {secs:.2f} s over 1 Gbit/s: "
               f"{100 * used:.0f}% of the link", flush=True)
         check(used > 0.5, f"only {100 * used:.0f}% of the link used")
+        with open(s.log_path) as f:  # a window capped for loopback would cap a link
+            check("destination is on this host" not in f.read(),
+                  "send buffers capped for a destination on another host")
 
 
 def start_and_cut(net, s, d, watch):
