@@ -407,6 +407,15 @@ void IncomingMigration::tls_ready(uint64_t gen, int fd, Result<std::vector<uint8
         ::close(fd); // cleaned up or cancelled meanwhile
         return;
     }
+    if (!prefix && !tls) {
+        // The handshake failed (QEMU's migration_tls_incoming_handshake):
+        // said once, and the listener goes on, so that whoever reaches the
+        // port without the credentials cannot end the incoming migration.
+        spdlog::warn("incoming migration: connection closed, still listening: {}",
+                     prefix.error().message());
+        ::close(fd);
+        return;
+    }
     if (!prefix) {
         ::close(fd);
         fail_setup(prefix.error());
