@@ -146,6 +146,11 @@ def refused_then_served(s, d, port, expect):
     check(d.status()["status"] == "setup", f"{d.kind} destination: {d.status()}")
     if s.kind == "qmigd":
         s.qmp.cmd("cont")
+    migrate_to_listener(s, d, port)
+
+
+def migrate_to_listener(s, d, port):
+    """A good TLS source (2 channels) into d's listener, still open on port."""
     s.set_migration(True, 2, "multifd", extra_params={"tls-creds": "tls0"})
     s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
     wait_status(s, ("completed",), timeout=60, fail_on=("failed",))
@@ -285,10 +290,7 @@ def test_silent_connections_hold_no_more_than_their_share():
         check(d.status()["status"] == "setup")
         for h in held:
             h.close()
-        s.set_migration(True, 2, "multifd", extra_params={"tls-creds": "tls0"})
-        s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
-        wait_status(s, ("completed",), timeout=60, fail_on=("failed",))
-        wait_status(d, ("completed",), timeout=60, fail_on=("failed",))
+        migrate_to_listener(s, d, port)
         _, sp, dp, _ = imgs[0]
         check(files_equal(sp, dp))
 
