@@ -351,8 +351,11 @@ Result<TlsParams> Daemon::tls_params(TlsCreds::Endpoint endpoint,
     if (id.empty()) {
         return t;
     }
-    if (addr.transport != MigrationAddress::Transport::Socket) {
-        return Error("qmigd: TLS is available on tcp: and unix: migration channels only");
+    // QEMU upgrades any channel; a handshake needs both directions, which
+    // qmigd's exec: (one pipe) and file: do not have.
+    if (addr.transport != MigrationAddress::Transport::Socket &&
+        addr.transport != MigrationAddress::Transport::Fd) {
+        return Error("qmigd: TLS is available on tcp:, unix: and fd: migration channels only");
     }
     auto creds = objects_.creds(id, endpoint);
     QMIGD_TRY(creds);

@@ -161,10 +161,18 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
             }
         }
         set_status(MigrationStatus::Setup);
+        listening_ = false;
+        if (params_.tls.enabled()) {
+            // fd: with TLS (a socket libvirt connected and handed over):
+            // the handshake first, as for a listener's connection.
+            handshake_on_thread(*fd, {});
+            return {};
+        }
         main_ = Channel{*fd, {}, nullptr};
         maybe_start();
         return {};
     }
+    listening_ = true;
     listener_ = std::make_unique<SocketListener>(
         loop_, 4, [this](PendingConnection *c, const Error *e) { on_prefix(c, e); });
     QMIGD_TRY(listener_->listen(addr.socket));
@@ -358,9 +366,15 @@ void IncomingMigration::start_tls(PendingConnection *c)
         fail_setup(fd.error());
         return;
     }
-    tls_fds_.push_back(*fd);
+    handshake_on_thread(*fd, std::move(raw));
+}
+
+// `raw`: the bytes a listener read already (the ClientHello's first ones).
+void IncomingMigration::handshake_on_thread(int fd, std::vector<uint8_t> raw)
+{
+    tls_fds_.push_back(fd);
     uint64_t gen = generation_;
-    tls_threads_.emplace_back([this, gen, fd = *fd, raw] {
+    tls_threads_.emplace_back([this, gen, fd, raw = std::move(raw)] {
         set_thread_name("mig/dst/tls");
         tls_handshake_main(gen, fd, raw);
     });
@@ -405,6 +419,11 @@ void IncomingMigration::tls_ready(uint64_t gen, int fd, Result<std::vector<uint8
     std::erase(tls_fds_, fd);
     if (gen != generation_ || status_ != MigrationStatus::Setup) {
         ::close(fd); // cleaned up or cancelled meanwhile
+        return;
+    }
+    if (!prefix && !tls && !listening_) {
+        ::close(fd); // fd:'s one channel: nothing else will come
+        fail_setup(prefix.error());
         return;
     }
     if (!prefix && !tls) {

@@ -94,6 +94,7 @@ private:
     // TLS: the handshake and the first decrypted bytes, on a thread of its
     // own; the result comes back to the loop (tls_ready).
     void start_tls(PendingConnection *c);
+    void handshake_on_thread(int fd, std::vector<uint8_t> raw);
     void tls_handshake_main(uint64_t generation, int fd, std::vector<uint8_t> raw);
     void tls_ready(uint64_t generation, int fd, Result<std::vector<uint8_t>> prefix,
                    std::shared_ptr<TlsSession> tls);
@@ -137,6 +138,9 @@ private:
     // abort them). Loop thread only; a handshake thread only posts back.
     std::vector<std::thread> tls_threads_;
     std::vector<int> tls_fds_;
+    // Set by start(): connections come from a listener (tcp:, unix:), which
+    // listens on after a failed handshake; else the one channel is fd:'s.
+    bool listening_ = false;
     uint64_t generation_ = 0; // a new migrate-incoming or cleanup: late results are dropped
     std::string runstate_ = "inmigrate";
     std::string error_desc_;

@@ -254,17 +254,11 @@ std::vector<std::string> qdict_order(std::vector<std::string> keys)
 }
 
 // QEMU's qmp_dispatch_check_obj: each member in QDict order, then the
-// missing command. Sets *exec_key to "execute" or "exec-oob".
-std::optional<QmpError> check_request(const std::string &text, const json &req, bool allow_oob,
-                                      std::string *exec_key)
+// missing command. `keys`: the request's members as the text gives them.
+// Sets *exec_key to "execute" or "exec-oob".
+std::optional<QmpError> check_request(const std::vector<std::string> &keys, const json &req,
+                                      bool allow_oob, std::string *exec_key)
 {
-    auto ordered = nlohmann::ordered_json::parse(text, nullptr, false);
-    std::vector<std::string> keys;
-    for (auto it = ordered.begin(); it != ordered.end(); ++it) {
-        if (std::find(keys.begin(), keys.end(), it.key()) == keys.end()) {
-            keys.push_back(it.key());
-        }
-    }
     exec_key->clear();
     for (const auto &k : qdict_order(keys)) {
         if (k == "execute" || (k == "exec-oob" && allow_oob)) {
@@ -297,7 +291,19 @@ std::optional<QmpError> check_request(const std::string &text, const json &req, 
 // (in dispatch) the arguments, then the command's own checks.
 json QmpSession::handle(const std::string &text)
 {
-    json req = json::parse(text, nullptr, false);
+    // One parse; the request's own members (depth 1) are noted in the
+    // text's order, which QEMU's checks depend on and json does not keep.
+    std::vector<std::string> keys;
+    auto note_key = [&keys](int depth, json::parse_event_t event, json &parsed) {
+        if (event == json::parse_event_t::key && depth == 1) {
+            const auto &k = parsed.get_ref<const std::string &>();
+            if (std::find(keys.begin(), keys.end(), k) == keys.end()) {
+                keys.push_back(k);
+            }
+        }
+        return true;
+    };
+    json req = json::parse(text, note_key, false);
     if (req.is_discarded()) {
         return error_reply({"GenericError", "JSON parse error, invalid JSON input"});
     }
@@ -306,7 +312,7 @@ json QmpSession::handle(const std::string &text)
     }
     json reply;
     std::string exec_key;
-    if (auto e = check_request(text, req, oob_, &exec_key)) {
+    if (auto e = check_request(keys, req, oob_, &exec_key)) {
         reply = error_reply(*e);
     } else {
         QmpResult r = run(req[exec_key], exec_key == "exec-oob",

@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import time
 
+import runner
 from runner import Peer, unique_name
 
 INIT = r"""#!/bin/busybox sh
@@ -131,9 +132,11 @@ class LinuxGuest(Peer):
     """QEMU 10 running the guest (role source), or waiting for it (role
     dest, -incoming defer). `serial` is its console log."""
 
-    def __init__(self, role, initrd, tag, log_dir="/tmp", mem="512M", extra=None, fill=32,
+    def __init__(self, role, initrd, tag, log_dir=None, mem="512M", extra=None, fill=32,
                  accel=None):
-        self.serial = SerialLog(os.path.join(log_dir, unique_name(tag) + ".serial"))
+        name = unique_name(tag)
+        self.serial = SerialLog(os.path.join(log_dir, name + ".serial") if log_dir
+                                else runner.log_file(name, ".serial"))
         super().__init__("qemu", role, [], tag, log_dir=log_dir,
                          machine=machine_args(initrd, self.serial.path, mem, extra, fill, accel))
 
@@ -152,7 +155,7 @@ class LinuxGuest(Peer):
             pass
 
 
-def boot(initrd, tag, log_dir="/tmp", mem="512M", fill=32, timeout=BOOT_TIMEOUT):
+def boot(initrd, tag, log_dir=None, mem="512M", fill=32, timeout=BOOT_TIMEOUT):
     """A running guest: under KVM where one comes up there (a nested KVM
     may print nothing), else under TCG; later guests (migration targets)
     use the same accelerator. Raises Unavailable when none boots."""

@@ -28,14 +28,25 @@ def free_port():
         return s.getsockname()[1]
 
 
+# Where processes' logs go: ctest gives each integration test a directory
+# of its own in the build tree (kept for a failed run to read), else /tmp.
+LOG_DIR = os.environ.get("QMIGD_LOG_DIR", "/tmp")
+
+
+def log_file(name, ext=".log"):
+    os.makedirs(LOG_DIR, exist_ok=True)
+    return os.path.join(LOG_DIR, name + ext)
+
+
 class Peer:
     """A running qmigd or QEMU process with its QMP connection."""
 
-    def __init__(self, kind, role, ram, tag, extra=None, log_dir="/tmp", wrap=None,
+    def __init__(self, kind, role, ram, tag, extra=None, log_dir=None, wrap=None,
                  machine=None):
         self.kind, self.role, self.ram = kind, role, ram  # ram: list of (name, path, size)
         self.qmp_path = os.path.join("/tmp", unique_name(tag) + ".qmp")
-        self.log_path = os.path.join(log_dir, os.path.basename(self.qmp_path) + ".log")
+        name = os.path.basename(self.qmp_path)
+        self.log_path = (os.path.join(log_dir, name + ".log") if log_dir else log_file(name))
         if kind == "qemu" and machine is not None:  # a whole machine (linux_guest.py)
             argv = [QEMU] + machine + ["-qmp", f"unix:{self.qmp_path},server=on,wait=off"]
             if role == "dest":
@@ -320,7 +331,7 @@ class Guest:
 
     def __init__(self, image, rate, pattern="hot", hot_set=64 << 20, seed=1, name="mem"):
         self.control = image + ".ctl"
-        self.log_path = f"/tmp/{unique_name('guest')}.log"
+        self.log_path = log_file(unique_name('guest'))
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [QMIGD, "guest", "--ram", f"{name}={image}", "--rate", str(rate), "--pattern", pattern,

@@ -32,7 +32,18 @@ def check(cond, msg="check failed"):
         raise AssertionError(msg)
 
 
+def clear_logs():
+    """Empties this test's log directory (QMIGD_LOG_DIR, set by ctest) of
+    an earlier run's logs, so that what it holds after a run is that run's."""
+    d = os.environ.get("QMIGD_LOG_DIR")
+    if d and os.path.isdir(d):
+        for name in os.listdir(d):
+            if name.endswith((".log", ".serial")):
+                os.unlink(os.path.join(d, name))
+
+
 def main():
+    clear_logs()
     args = sys.argv[1:]
     pattern = args[args.index("-k") + 1] if "-k" in args else ""
     passed = failed = skipped = 0

@@ -3,13 +3,15 @@
 
 Certificates are made at test time with certtool (scripts/lib/tls_certs.py).
 Byte-identical images QEMU -> qmigd, qmigd -> QEMU and qmigd -> qmigd for
-plain precopy, 4 multifd channels, and multifd with zstd; credentials from
+plain precopy, 4 multifd channels, multifd with zstd, and over fd: (a
+socket handed over with getfd, as libvirt does); credentials from
 QMP object-add and from the --object option (QEMU's -object syntax). What
 must fail, compared with what QEMU 10 says in the same place: a server
 certificate from another CA ("The certificate hasn't got a known issuer"),
 a hostname the certificate does not carry, an expired certificate, a
 client DN the destination's authz-list denies, a plain source into a TLS
-destination and a TLS source into a plain one, credentials that do not
+destination and a TLS source into a plain one, TLS over fd: without a
+hostname, credentials that do not
 exist or have the wrong endpoint, a world-readable private key. After each
 failure the qmigd peer migrates again."""
 import os
@@ -246,6 +248,92 @@ def test_tls_over_unix_qemu_to_qmigd():
 @test
 def test_tls_over_unix_qmigd_to_qmigd():
     unix_tls("qmigd")
+
+
+def hand_over_socketpair(s, d):
+    """Each side gets one end of a socketpair through getfd, as libvirt
+    hands QEMU a socket it connected itself."""
+    a, b = socket.socketpair()
+    try:
+        d.qmp.cmd("getfd", fd=a.fileno(), fdname="mig")
+        s.qmp.cmd("getfd", fd=b.fileno(), fdname="mig")
+    finally:
+        a.close()
+        b.close()
+
+
+def fd_tls(src_kind, dst_kind):
+    """TLS over fd: (libvirt's way: its own connection, QEMU's TLS). No URI
+    host, so the server's name is tls-hostname; byte-identical."""
+    with images(SIZE, "mixed") as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
+        creds(s)
+        creds(d)
+        s.set_migration(False, 2, "legacy",
+                        extra_params={"tls-creds": "tls0", "tls-hostname": "localhost"})
+        d.set_migration(False, 2, extra_params={"tls-creds": "tls0"})
+        hand_over_socketpair(s, d)
+        d.qmp.cmd("migrate-incoming", uri="fd:mig")
+        s.qmp.cmd("migrate", uri="fd:mig")
+        wait_status(s, ("completed",), timeout=60, fail_on=("failed",))
+        wait_status(d, ("completed",), timeout=60, fail_on=("failed",))
+        _, sp, dp, _ = imgs[0]
+        check(files_equal(sp, dp), f"{src_kind} -> {dst_kind}: TLS over fd: differs")
+
+
+for src_kind, dst_kind in DIRECTIONS:
+    def fn(src_kind=src_kind, dst_kind=dst_kind):
+        fd_tls(src_kind, dst_kind)
+    fn.__name__ = f"test_tls_over_fd_{src_kind}_to_{dst_kind}"
+    test(fn)
+
+
+@test
+def test_tls_over_fd_without_hostname_as_qemu():
+    """No tls-hostname and no host in fd:: QEMU 10's source fails with
+    "No hostname for certificate validation"; qmigd's says the same."""
+    descs = {}
+    for src_kind in ("qemu", "qmigd"):
+        with images(16 * MiB, "mixed") as imgs, peers(src_kind, "qmigd", imgs) as (s, d):
+            creds(s)
+            creds(d)
+            s.set_migration(False, 2, "legacy", extra_params={"tls-creds": "tls0"})
+            d.set_migration(False, 2, extra_params={"tls-creds": "tls0"})
+            hand_over_socketpair(s, d)
+            d.qmp.cmd("migrate-incoming", uri="fd:mig")
+            s.qmp.cmd("migrate", uri="fd:mig")
+            descs[src_kind] = wait_status(s, ("failed",), timeout=30,
+                                          fail_on=("completed",)).get("error-desc", "")
+    check(descs["qmigd"] == "No hostname for certificate validation", descs)
+    check(descs["qmigd"] == descs["qemu"], descs)
+
+
+@test
+def test_plain_source_into_tls_fd_destination():
+    """fd: has one channel and no listener to go on with: a qmigd
+    destination whose handshake fails is failed, says why, and takes the
+    next migration (QEMU 10 only prints the error and waits in setup for
+    a channel that cannot come)."""
+    with images(16 * MiB, "mixed") as imgs, peers("qmigd", "qmigd", imgs) as (s, d):
+        creds(s)
+        creds(d)
+        s.set_migration(False, 2, "legacy")
+        d.set_migration(False, 2, extra_params={"tls-creds": "tls0"})
+        hand_over_socketpair(s, d)
+        d.qmp.cmd("migrate-incoming", uri="fd:mig")
+        s.qmp.cmd("migrate", uri="fd:mig")
+        info = wait_status(d, ("failed",), timeout=60, fail_on=("completed",))
+        check("TLS handshake failed" in info.get("error-desc", ""), info)
+        wait_status(s, ("failed",), timeout=60, fail_on=("completed",))
+        s.qmp.cmd("cont")
+        s.set_migration(False, 2, "legacy",
+                        extra_params={"tls-creds": "tls0", "tls-hostname": "localhost"})
+        hand_over_socketpair(s, d)
+        d.qmp.cmd("migrate-incoming", uri="fd:mig")
+        s.qmp.cmd("migrate", uri="fd:mig")
+        wait_status(s, ("completed",), timeout=60, fail_on=("failed",))
+        wait_status(d, ("completed",), timeout=60, fail_on=("failed",))
+        _, sp, dp, _ = imgs[0]
+        check(files_equal(sp, dp), "the TLS migration after a refused one differs")
 
 
 @test
