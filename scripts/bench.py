@@ -243,9 +243,9 @@ def machine_bound(cell, runs, size, limits):
     on 4 KiB backings; on huge pages the copy is TCP's own) -- is shared by
     the cores. TCP's rate and CPU per byte are measured between buffers of
     the guest's memory larger than the cache, as a migration meets them
-    (`tcp_loopback_gbps`, `tcp_cpu_s_per_gib`). On huge pages the destination's page allocation (a fault
-    that clears 2 MiB, `fault_ns_per_page` per 4 KiB of it) is part of the
-    work too, counted for every 2 MiB page that holds data (one data page
+    (`tcp_loopback_gbps`, `tcp_cpu_s_per_gib`). On huge pages the
+    destination's page allocation (a fault that clears 2 MiB, `fault_ns`
+    per 4 KiB of it) is part of the work too, counted for every 2 MiB page that holds data (one data page
     in it is enough to allocate and clear it whole). Returns seconds, or
     None without limits."""
     lim = limits.get(cell[0])
@@ -256,10 +256,21 @@ def machine_bound(cell, runs, size, limits):
     if cell[0] == "shm":
         store = data / (lim["pwrite_gbps"] * 1e9)
     else:  # every huge page with data in it, not only the data pages
-        store = HUGE_TOUCHED.get(cell, data) / 4096 * lim["fault_ns_per_page"] / 1e9
+        store = HUGE_TOUCHED.get(cell, data) / 4096 * fault_ns(cell[0], lim) / 1e9
     cpu = (data / (1 << 30) * lim["tcp_cpu_s_per_gib"] + size / (lim["zero_scan_gbps"] * 1e9)
            + store)
     return max(wire, cpu / lim.get("cores", 2))
+
+
+def fault_ns(backing, lim):
+    """What a destination's first write costs per 4 KiB. A hugetlbfs pool
+    keeps its pages backed: the least of `qmigd limits`' passes. A huge-page
+    tmpfs takes them from free memory, which a paravirtualised host may have
+    to back again (free page reporting hands free 2 MiB blocks back within
+    seconds; runs here are seconds apart): the first pass."""
+    if backing == "thp" and lim.get("fault_fresh_ns_per_page", -1) > 0:
+        return max(lim["fault_fresh_ns_per_page"], lim["fault_ns_per_page"])
+    return lim["fault_ns_per_page"]
 
 
 def limit_share(cell, runs, size, limits):
