@@ -14,6 +14,10 @@
 #include <unistd.h>
 #include <vector>
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
 #include <fmt/format.h>
 
 #include "protocol/qemu_format.h"
@@ -160,17 +164,21 @@ double pwrite_gbps(const std::string &dir, size_t bytes)
 // larger than the cache, as guest RAM is to a migration.
 class TcpMemory {
 public:
+    // Pre-faulted with MADV_POPULATE_WRITE, which fails where a plain write
+    // would die of SIGBUS (a full tmpfs, too few huge pages): ok() says.
     TcpMemory(const std::string &dir, size_t bytes) : bytes_(bytes)
     {
         ScratchFile f(dir, bytes);
         void *p = f.fd < 0 ? MAP_FAILED
                            : mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
-        if (p != MAP_FAILED) {
-            base_ = static_cast<uint8_t *>(p);
-            std::memset(base_, 7, bytes); // faults are fault_ns_per_page's, not TCP's
+        if (p == MAP_FAILED) {
+            return;
         }
+        base_ = static_cast<uint8_t *>(p);
+        // Faults are fault_ns_per_page's, not TCP's.
+        ok_ = madvise(base_, bytes, MADV_POPULATE_WRITE) == 0;
     }
-    TcpMemory() = default;
+    TcpMemory() : ok_(true) {}
     ~TcpMemory()
     {
         if (base_) {
@@ -180,6 +188,7 @@ public:
     TcpMemory(const TcpMemory &) = delete;
     TcpMemory &operator=(const TcpMemory &) = delete;
 
+    bool ok() const { return ok_; }
     bool mapped() const { return base_ != nullptr; }
     // Slice `i` of `n`: a thread's region, written or read 1 MiB at a time.
     std::pair<uint8_t *, size_t> slice(int i, int n) const
@@ -191,6 +200,7 @@ public:
 private:
     uint8_t *base_ = nullptr;
     size_t bytes_ = 0;
+    bool ok_ = false;
 };
 
 // One side of a stream: `chunk`-sized writes or reads walking through
@@ -225,6 +235,9 @@ struct StreamBuffer {
 // are both in this process).
 std::pair<double, double> loopback_tcp(size_t bytes, int streams, const TcpMemory &mem)
 {
+    if (!mem.ok()) {
+        return {-1, -1};
+    }
     int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;

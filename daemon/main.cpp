@@ -75,7 +75,8 @@ int main(int argc, char **argv)
     guest->add_option("--log-level", g_level, "log level");
     std::string limits_dir = "/dev/shm";
     auto *limits = app.add_subcommand("limits", "measure this machine's migration limits (JSON)");
-    limits->add_option("--dir", limits_dir, "a directory on the guest RAM's file system");
+    limits->add_option("--dir", limits_dir, "a directory on the guest RAM's file system")
+        ->check(CLI::ExistingDirectory);
     CLI11_PARSE(app, argc, argv);
 
     if (limits->parsed()) {

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """qmigd -> qmigd over loopback only (no QEMU): the set the sanitizer
 builds run (ASan+UBSan, TSan), covering the thread hand-offs."""
+import json
+import os
 import re
 import subprocess
 
 from itest import test, main, check
 from fixtures import run_cell, MiB
 from fixtures import images, peers, begin, good_run
-from runner import wait_status
+from runner import wait_status, QMIGD
 
 SIZE = 32 * MiB
 
@@ -56,6 +58,26 @@ def test_local_destination_gets_small_send_buffers():
                 check(tbs == [want] * 3 and said, f"--local-send-buffer {arg}: {tbs}, {said}")
             else:
                 check(2 * 131072 not in tbs and not said, f"autotuning expected: {tbs}, {said}")
+
+
+@test
+def test_limits_reports_this_machine():
+    """`qmigd limits` measures every figure bench.py's bounds use, leaves
+    no scratch file behind, and refuses a directory that is not there."""
+    out = subprocess.run([QMIGD, "limits", "--dir", "/dev/shm"], capture_output=True,
+                         text=True, timeout=300, check=True).stdout
+    lim = json.loads(out)
+    for key in ("zero_scan_gbps", "memcpy_gbps", "fault_ns_per_page", "fault_fresh_ns_per_page",
+                "pwrite_gbps", "tcp_loopback_gbps", "tcp_cpu_s_per_gib", "tcp_cached_gbps",
+                "tcp_cached_cpu_s_per_gib"):
+        check(lim.get(key, -1) > 0, f"{key}: {lim.get(key)}")
+    check(lim["fault_ns_per_page"] <= lim["fault_fresh_ns_per_page"], lim)
+    check("tmpfs" in lim["backing"], lim["backing"])
+    check(not [n for n in os.listdir("/dev/shm") if n.startswith(".qmigd-limits-")],
+          "scratch files left in /dev/shm")
+    bad = subprocess.run([QMIGD, "limits", "--dir", "/nonexistent/qmigd"], capture_output=True,
+                         text=True, timeout=30)
+    check(bad.returncode != 0 and "/nonexistent/qmigd" in bad.stderr, bad.stderr)
 
 
 if __name__ == "__main__":
