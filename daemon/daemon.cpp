@@ -352,10 +352,9 @@ Result<TlsParams> Daemon::tls_params(TlsCreds::Endpoint endpoint,
         return t;
     }
     // QEMU upgrades any channel; a handshake needs both directions, which
-    // qmigd's exec: (one pipe) and file: do not have.
-    if (addr.transport != MigrationAddress::Transport::Socket &&
-        addr.transport != MigrationAddress::Transport::Fd) {
-        return Error("qmigd: TLS is available on tcp:, unix: and fd: migration channels only");
+    // a file does not have.
+    if (addr.transport == MigrationAddress::Transport::File) {
+        return Error("qmigd: TLS is not available on file: migration");
     }
     auto creds = objects_.creds(id, endpoint);
     QMIGD_TRY(creds);

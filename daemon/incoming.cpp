@@ -152,7 +152,8 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     child_.reset();
     if (addr.transport != MigrationAddress::Transport::Socket) {
         // The stream is one file or pipe: the main channel at once.
-        auto fd = one_channel_open(loop_, addr, false, fd_source_, &child_);
+        auto fd = one_channel_open(loop_, addr, false, params.tls.enabled(), fd_source_,
+                                   &child_);
         QMIGD_TRY(fd);
         if (params.mapped_ram) {
             if (Status st = open_mapped_ram(addr, *fd); !st) {
@@ -163,8 +164,8 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
         set_status(MigrationStatus::Setup);
         listening_ = false;
         if (params_.tls.enabled()) {
-            // fd: with TLS (a socket libvirt connected and handed over):
-            // the handshake first, as for a listener's connection.
+            // fd: (a socket libvirt connected and handed over) or exec:
+            // with TLS: the handshake first, as for a listener's connection.
             handshake_on_thread(*fd, {});
             return {};
         }
@@ -422,7 +423,7 @@ void IncomingMigration::tls_ready(uint64_t gen, int fd, Result<std::vector<uint8
         return;
     }
     if (!prefix && !tls && !listening_) {
-        ::close(fd); // fd:'s one channel: nothing else will come
+        ::close(fd); // fd:'s or exec:'s one channel: nothing else will come
         fail_setup(prefix.error());
         return;
     }

@@ -99,7 +99,8 @@ Status OutgoingMigration::start(const MigrationAddress &addr, const OutgoingPara
     if (addr.transport != MigrationAddress::Transport::Socket) {
         // One file or pipe. QEMU fails both the migration and the command
         // when it cannot be opened.
-        auto fd = one_channel_open(loop_, addr, true, fd_source_, &child_);
+        auto fd = one_channel_open(loop_, addr, true, params.tls.enabled(), fd_source_,
+                                   &child_);
         if (!fd) {
             on_connected(fd.error());
             return fd.error();

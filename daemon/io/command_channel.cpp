@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstring>
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -29,8 +30,9 @@ Result<std::shared_ptr<CommandChild>> CommandChild::spawn(uv_loop_t *loop,
     if (argv.empty()) {
         return Error("exec: needs a command"); // QEMU 10 crashes here
     }
+    bool both = dir == Direction::Both;
     int p[2];
-    if (pipe2(p, O_CLOEXEC) < 0) {
+    if ((both ? socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p) : pipe2(p, O_CLOEXEC)) < 0) {
         return Error(fmt::format("cannot create a pipe for exec:{}: {}", command,
                                  std::strerror(errno)));
     }
@@ -42,12 +44,12 @@ Result<std::shared_ptr<CommandChild>> CommandChild::spawn(uv_loop_t *loop,
         return Error(fmt::format("cannot open /dev/null: {}", std::strerror(err)));
     }
     bool to_child = dir == Direction::ToChild;
-    int child_end = to_child ? p[0] : p[1];
-    int ours = to_child ? p[1] : p[0];
+    int child_end = to_child || both ? p[0] : p[1]; // a pipe's read end goes to stdin
+    int ours = to_child || both ? p[1] : p[0];
 
     uv_stdio_container_t stdio[3];
     stdio[0].flags = UV_INHERIT_FD;
-    stdio[0].data.fd = to_child ? child_end : devnull;
+    stdio[0].data.fd = to_child || both ? child_end : devnull;
     stdio[1].flags = UV_INHERIT_FD;
     stdio[1].data.fd = to_child ? devnull : child_end;
     stdio[2].flags = UV_INHERIT_FD;

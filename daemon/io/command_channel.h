@@ -2,7 +2,9 @@
 // is `/bin/sh -c CMD`; a channels exec address gives the argv itself), as
 // QEMU's qio_channel_command_new_spawn() runs it. The source writes the
 // child's stdin (its stdout is /dev/null); the destination reads the
-// child's stdout (its stdin is /dev/null); stderr is the daemon's. One
+// child's stdout (its stdin is /dev/null); stderr is the daemon's. A TLS
+// session needs both ways: then the child's stdin and stdout are one
+// socket, ours the other end of it (QEMU's O_RDWR command channel). One
 // channel only: QEMU allows no multifd over exec.
 #pragma once
 
@@ -20,10 +22,11 @@ namespace qmigd {
 
 class CommandChild {
 public:
-    enum class Direction { ToChild, FromChild };
+    enum class Direction { ToChild, FromChild, Both };
 
     // Spawns the command; returns the child and sets *fd to our end of its
-    // pipe (blocking, close-on-exec; the caller owns and closes it).
+    // pipe, or of its socket for Both (blocking, close-on-exec; the caller
+    // owns and closes it).
     // Loop thread.
     static Result<std::shared_ptr<CommandChild>> spawn(uv_loop_t *loop,
                                                        const std::vector<std::string> &argv,

@@ -66,13 +66,16 @@ Result<int> stream_channel_open(const MigrationAddress &a, bool for_write, const
 }
 
 Result<int> one_channel_open(uv_loop_t *loop, const MigrationAddress &a, bool for_write,
-                             const FdSource &fds, std::shared_ptr<CommandChild> *child)
+                             bool both_ways, const FdSource &fds,
+                             std::shared_ptr<CommandChild> *child)
 {
     if (a.transport != MigrationAddress::Transport::Exec) {
         return stream_channel_open(a, for_write, fds);
     }
     int fd = -1;
-    auto dir = for_write ? CommandChild::Direction::ToChild : CommandChild::Direction::FromChild;
+    auto dir = both_ways   ? CommandChild::Direction::Both
+               : for_write ? CommandChild::Direction::ToChild
+                           : CommandChild::Direction::FromChild;
     auto spawned = CommandChild::spawn(loop, a.argv, dir, &fd);
     QMIGD_TRY(spawned);
     *child = *spawned;

@@ -32,8 +32,10 @@ Result<int> stream_channel_open(const MigrationAddress &a, bool for_write, const
 
 // Our end of any one-channel stream: the above, or for exec: the pipe of
 // a command spawned on `loop` (kept in *child; the source writes its
-// stdin, the destination reads its stdout).
+// stdin, the destination reads its stdout; `both_ways`, for TLS: one
+// socket that is the command's stdin and stdout).
 Result<int> one_channel_open(uv_loop_t *loop, const MigrationAddress &a, bool for_write,
-                             const FdSource &fds, std::shared_ptr<CommandChild> *child);
+                             bool both_ways, const FdSource &fds,
+                             std::shared_ptr<CommandChild> *child);
 
 } // namespace qmigd

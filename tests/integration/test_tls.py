@@ -3,8 +3,9 @@
 
 Certificates are made at test time with certtool (scripts/lib/tls_certs.py).
 Byte-identical images QEMU -> qmigd, qmigd -> QEMU and qmigd -> qmigd for
-plain precopy, 4 multifd channels, multifd with zstd, and over fd: (a
-socket handed over with getfd, as libvirt does); credentials from
+plain precopy, 4 multifd channels, multifd with zstd, over fd: (a socket
+handed over with getfd, as libvirt does) and over exec: (a command that
+joins its stdin and stdout to a TCP connection); credentials from
 QMP object-add and from the --object option (QEMU's -object syntax). What
 must fail, compared with what QEMU 10 says in the same place: a server
 certificate from another CA ("The certificate hasn't got a known issuer"),
@@ -285,6 +286,83 @@ for src_kind, dst_kind in DIRECTIONS:
         fd_tls(src_kind, dst_kind)
     fn.__name__ = f"test_tls_over_fd_{src_kind}_to_{dst_kind}"
     test(fn)
+
+
+STDIO_TCP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stdio_tcp.py")
+
+
+def wait_port_file(path, timeout=30):
+    end = time.monotonic() + timeout
+    while not os.path.exists(path):
+        check(time.monotonic() < end, f"{path} did not appear")
+        time.sleep(0.05)
+    with open(path) as f:
+        return int(f.read())
+
+
+def exec_tls(src_kind, dst_kind):
+    """TLS over exec: (QEMU's command channel is the command's stdin and
+    stdout): a qmigd source's command connects to the destination, a qmigd
+    destination's command listens for the source (tests/integration/
+    stdio_tcp.py); a QEMU peer listens or connects over tcp: itself.
+    Byte-identical."""
+    port_file = f"/tmp/qmigd-tls-exec-{os.getpid()}-{src_kind}-{dst_kind}.port"
+    try:
+        with images(SIZE, "mixed") as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
+            creds(s)
+            creds(d)
+            s.set_migration(False, 2, "legacy",
+                            extra_params={"tls-creds": "tls0", "tls-hostname": "localhost"})
+            d.set_migration(False, 2, extra_params={"tls-creds": "tls0"})
+            if dst_kind == "qmigd":
+                d.qmp.cmd("migrate-incoming", uri=f"exec:python3 {STDIO_TCP} listen {port_file}")
+                port = wait_port_file(port_file)
+            else:
+                port = start_incoming(d)
+            s.qmp.cmd("migrate", uri=(f"exec:python3 {STDIO_TCP} connect {port}"
+                                      if src_kind == "qmigd" else f"tcp:127.0.0.1:{port}"))
+            wait_status(s, ("completed",), timeout=60, fail_on=("failed",))
+            wait_status(d, ("completed",), timeout=60, fail_on=("failed",))
+            _, sp, dp, _ = imgs[0]
+            check(files_equal(sp, dp), f"{src_kind} -> {dst_kind}: TLS over exec: differs")
+    finally:
+        if os.path.exists(port_file):
+            os.unlink(port_file)
+
+
+for src_kind, dst_kind in DIRECTIONS:
+    def fn(src_kind=src_kind, dst_kind=dst_kind):
+        exec_tls(src_kind, dst_kind)
+    fn.__name__ = f"test_tls_over_exec_{src_kind}_to_{dst_kind}"
+    test(fn)
+
+
+@test
+def test_tls_over_file_refused():
+    """A file cannot answer a handshake: qmigd says so (QEMU 10 starts one
+    and fails in it), in both roles, and migrates to a file without TLS."""
+    path = f"/tmp/qmigd-tls-file-{os.getpid()}.mig"
+    try:
+        with images(16 * MiB, "mixed") as imgs, peers("qmigd", "qmigd", imgs) as (s, d):
+            creds(s)
+            creds(d)
+            s.set_migration(False, 2, "legacy", extra_params={"tls-creds": "tls0"})
+            s.qmp.cmd("migrate", uri=f"file:{path}")
+            desc = wait_status(s, ("failed",), timeout=30,
+                               fail_on=("completed",)).get("error-desc", "")
+            check(desc == "qmigd: TLS is not available on file: migration", desc)
+            d.set_migration(False, 2, extra_params={"tls-creds": "tls0"})
+            try:
+                d.qmp.cmd("migrate-incoming", uri=f"file:{path}")
+                check(False, "migrate-incoming file: with TLS was accepted")
+            except QMPError as e:
+                check("TLS is not available on file:" in str(e), str(e))
+            s.set_migration(False, 2, "legacy", extra_params={"tls-creds": ""})
+            s.qmp.cmd("migrate", uri=f"file:{path}")
+            wait_status(s, ("completed",), timeout=60, fail_on=("failed",))
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
 
 
 @test
