@@ -48,8 +48,9 @@ struct IncomingParams {
     // multifd-compression: the method every multifd packet with pages must
     // carry (not used by mapped-ram, whose pages are raw in the file).
     MultiFDCompression compression = MultiFDCompression::None;
-    // tls-creds (server endpoint) and tls-authz: every socket channel is a
-    // TLS server, classified by its first decrypted bytes.
+    // tls-creds (server endpoint) and tls-authz: every channel (a
+    // listener's, fd:'s, exec:'s; file: is refused) is a TLS server,
+    // classified by its first decrypted bytes.
     TlsParams tls;
     // Non-empty: park the VM in this directory (daemon/park/parked_vm.h):
     // its RAM blocks are created as the stream announces them.

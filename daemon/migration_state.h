@@ -49,8 +49,8 @@ struct OutgoingParams {
     bool direct_io = false;
     // multifd-compression (multifd channels only).
     MultiFDCompressionParams compression;
-    // tls-creds (client endpoint), tls-hostname: every channel. Sockets
-    // only: the daemon refuses TLS on any other transport.
+    // tls-creds (client endpoint), tls-hostname: every channel. Not on
+    // file: (a file cannot answer a handshake): the daemon refuses it.
     TlsParams tls;
     // Why tls-creds cannot be used: QEMU looks the object up once the
     // migration runs, so the migration fails with this, not the command.

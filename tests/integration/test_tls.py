@@ -263,22 +263,33 @@ def hand_over_socketpair(s, d):
         b.close()
 
 
+def one_channel_tls(s, d, hostname="localhost"):
+    """Credentials on both, plain precopy (fd: and exec: have one channel)
+    over TLS; no URI host, so the server's name is tls-hostname."""
+    creds(s)
+    creds(d)
+    params = {"tls-creds": "tls0"}
+    if hostname:
+        params["tls-hostname"] = hostname
+    s.set_migration(False, 2, "legacy", extra_params=params)
+    d.set_migration(False, 2, extra_params={"tls-creds": "tls0"})
+
+
+def completed_identical(s, d, imgs, what):
+    wait_status(s, ("completed",), timeout=60, fail_on=("failed",))
+    wait_status(d, ("completed",), timeout=60, fail_on=("failed",))
+    _, sp, dp, _ = imgs[0]
+    check(files_equal(sp, dp), f"{what}: the images differ")
+
+
 def fd_tls(src_kind, dst_kind):
-    """TLS over fd: (libvirt's way: its own connection, QEMU's TLS). No URI
-    host, so the server's name is tls-hostname; byte-identical."""
+    """TLS over fd: (libvirt's way: its own connection, QEMU's TLS)."""
     with images(SIZE, "mixed") as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
-        creds(s)
-        creds(d)
-        s.set_migration(False, 2, "legacy",
-                        extra_params={"tls-creds": "tls0", "tls-hostname": "localhost"})
-        d.set_migration(False, 2, extra_params={"tls-creds": "tls0"})
+        one_channel_tls(s, d)
         hand_over_socketpair(s, d)
         d.qmp.cmd("migrate-incoming", uri="fd:mig")
         s.qmp.cmd("migrate", uri="fd:mig")
-        wait_status(s, ("completed",), timeout=60, fail_on=("failed",))
-        wait_status(d, ("completed",), timeout=60, fail_on=("failed",))
-        _, sp, dp, _ = imgs[0]
-        check(files_equal(sp, dp), f"{src_kind} -> {dst_kind}: TLS over fd: differs")
+        completed_identical(s, d, imgs, f"{src_kind} -> {dst_kind}, TLS over fd:")
 
 
 for src_kind, dst_kind in DIRECTIONS:
@@ -309,11 +320,7 @@ def exec_tls(src_kind, dst_kind):
     port_file = f"/tmp/qmigd-tls-exec-{os.getpid()}-{src_kind}-{dst_kind}.port"
     try:
         with images(SIZE, "mixed") as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
-            creds(s)
-            creds(d)
-            s.set_migration(False, 2, "legacy",
-                            extra_params={"tls-creds": "tls0", "tls-hostname": "localhost"})
-            d.set_migration(False, 2, extra_params={"tls-creds": "tls0"})
+            one_channel_tls(s, d)
             if dst_kind == "qmigd":
                 d.qmp.cmd("migrate-incoming", uri=f"exec:python3 {STDIO_TCP} listen {port_file}")
                 port = wait_port_file(port_file)
@@ -321,10 +328,7 @@ def exec_tls(src_kind, dst_kind):
                 port = start_incoming(d)
             s.qmp.cmd("migrate", uri=(f"exec:python3 {STDIO_TCP} connect {port}"
                                       if src_kind == "qmigd" else f"tcp:127.0.0.1:{port}"))
-            wait_status(s, ("completed",), timeout=60, fail_on=("failed",))
-            wait_status(d, ("completed",), timeout=60, fail_on=("failed",))
-            _, sp, dp, _ = imgs[0]
-            check(files_equal(sp, dp), f"{src_kind} -> {dst_kind}: TLS over exec: differs")
+            completed_identical(s, d, imgs, f"{src_kind} -> {dst_kind}, TLS over exec:")
     finally:
         if os.path.exists(port_file):
             os.unlink(port_file)
@@ -372,10 +376,7 @@ def test_tls_over_fd_without_hostname_as_qemu():
     descs = {}
     for src_kind in ("qemu", "qmigd"):
         with images(16 * MiB, "mixed") as imgs, peers(src_kind, "qmigd", imgs) as (s, d):
-            creds(s)
-            creds(d)
-            s.set_migration(False, 2, "legacy", extra_params={"tls-creds": "tls0"})
-            d.set_migration(False, 2, extra_params={"tls-creds": "tls0"})
+            one_channel_tls(s, d, hostname=None)
             hand_over_socketpair(s, d)
             d.qmp.cmd("migrate-incoming", uri="fd:mig")
             s.qmp.cmd("migrate", uri="fd:mig")
@@ -408,10 +409,7 @@ def test_plain_source_into_tls_fd_destination():
         hand_over_socketpair(s, d)
         d.qmp.cmd("migrate-incoming", uri="fd:mig")
         s.qmp.cmd("migrate", uri="fd:mig")
-        wait_status(s, ("completed",), timeout=60, fail_on=("failed",))
-        wait_status(d, ("completed",), timeout=60, fail_on=("failed",))
-        _, sp, dp, _ = imgs[0]
-        check(files_equal(sp, dp), "the TLS migration after a refused one differs")
+        completed_identical(s, d, imgs, "the TLS migration after a refused one")
 
 
 @test
