@@ -162,7 +162,6 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
             }
         }
         set_status(MigrationStatus::Setup);
-        listening_ = false;
         if (params_.tls.enabled()) {
             // fd: (a socket libvirt connected and handed over) or exec:
             // with TLS: the handshake first, as for a listener's connection.
@@ -173,7 +172,6 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
         maybe_start();
         return {};
     }
-    listening_ = true;
     listener_ = std::make_unique<SocketListener>(
         loop_, 4, [this](PendingConnection *c, const Error *e) { on_prefix(c, e); });
     QMIGD_TRY(listener_->listen(addr.socket));
@@ -422,8 +420,10 @@ void IncomingMigration::tls_ready(uint64_t gen, int fd, Result<std::vector<uint8
         ::close(fd); // cleaned up or cancelled meanwhile
         return;
     }
-    if (!prefix && !tls && !listening_) {
-        ::close(fd); // fd:'s or exec:'s one channel: nothing else will come
+    // In setup a tcp:/unix: migration has its listener; fd:'s or exec:'s
+    // one channel has none, and nothing else will come.
+    if (!prefix && !tls && !listener_) {
+        ::close(fd);
         fail_setup(prefix.error());
         return;
     }

@@ -139,10 +139,6 @@ private:
     // abort them). Loop thread only; a handshake thread only posts back.
     std::vector<std::thread> tls_threads_;
     std::vector<int> tls_fds_;
-    // Set by start(): connections come from a listener (tcp:, unix:), which
-    // listens on after a failed handshake; else the one channel is fd:'s
-    // or exec:'s.
-    bool listening_ = false;
     uint64_t generation_ = 0; // a new migrate-incoming or cleanup: late results are dropped
     std::string runstate_ = "inmigrate";
     std::string error_desc_;

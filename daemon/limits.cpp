@@ -14,15 +14,12 @@
 #include <unistd.h>
 #include <vector>
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-
 #include <fmt/format.h>
 
 #include "protocol/qemu_format.h"
 #include "ramstate/backing.h"
 #include "ramstate/page_path.h"
+#include "ramstate/populate.h"
 #include "ramstate/zero_page.h"
 
 namespace qmigd {

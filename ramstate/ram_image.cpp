@@ -9,12 +9,9 @@
 
 #include <fmt/format.h>
 
+#include "ramstate/populate.h"
 #include "ramstate/zero_page.h"
 
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22
-#define MADV_POPULATE_WRITE 23
-#endif
 
 namespace qmigd {
 

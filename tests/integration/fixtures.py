@@ -3,6 +3,7 @@ import atexit
 import contextlib
 import os
 import shutil
+import socket
 
 import time
 
@@ -51,6 +52,18 @@ def images(size, content, dest="fresh", blocks=("mem",)):
     finally:
         for _, src, dst, _ in made:
             remove(src, dst)
+
+
+def hand_over_socketpair(src, dst):
+    """Each side gets one end of a socketpair through getfd as "mig", as
+    libvirt hands QEMU a socket it connected itself; ours are closed."""
+    a, b = socket.socketpair()
+    try:
+        dst.qmp.cmd("getfd", fd=a.fileno(), fdname="mig")
+        src.qmp.cmd("getfd", fd=b.fileno(), fdname="mig")
+    finally:
+        a.close()
+        b.close()
 
 
 @contextlib.contextmanager

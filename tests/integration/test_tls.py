@@ -25,7 +25,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "lib"))
 import tls_certs  # noqa: E402
 from itest import test, main, check  # noqa: E402
-from fixtures import images, peers, MiB  # noqa: E402
+from fixtures import images, peers, hand_over_socketpair, MiB  # noqa: E402
 from runner import start_incoming, wait_status, files_equal, migrate  # noqa: E402
 from qmp import QMPError  # noqa: E402
 
@@ -249,18 +249,6 @@ def test_tls_over_unix_qemu_to_qmigd():
 @test
 def test_tls_over_unix_qmigd_to_qmigd():
     unix_tls("qmigd")
-
-
-def hand_over_socketpair(s, d):
-    """Each side gets one end of a socketpair through getfd, as libvirt
-    hands QEMU a socket it connected itself."""
-    a, b = socket.socketpair()
-    try:
-        d.qmp.cmd("getfd", fd=a.fileno(), fdname="mig")
-        s.qmp.cmd("getfd", fd=b.fileno(), fdname="mig")
-    finally:
-        a.close()
-        b.close()
 
 
 def one_channel_tls(s, d, hostname="localhost"):

@@ -12,11 +12,10 @@ descriptors passed through getfd (SCM_RIGHTS), each direction, and the
 getfd/closefd errors. All compared with what QEMU 10 does in the same
 situation."""
 import os
-import socket
 import time
 
 from itest import test, main, check
-from fixtures import run_cell, images, peers, good_run, MiB
+from fixtures import run_cell, images, peers, good_run, hand_over_socketpair, MiB
 from runner import unique_name, wait_status, remove, files_equal
 from qmp import QMPError
 
@@ -251,13 +250,7 @@ def fd_migrate(src_kind, dst_kind):
     with images(32 * MiB, "mixed") as imgs, peers(src_kind, dst_kind, imgs) as (src, dst):
         src.set_migration(False, 2, "legacy", 0)
         dst.set_migration(False, 2)
-        a, b = socket.socketpair()
-        try:
-            dst.qmp.cmd("getfd", fd=a.fileno(), fdname="mig")
-            src.qmp.cmd("getfd", fd=b.fileno(), fdname="mig")
-        finally:
-            a.close()
-            b.close()
+        hand_over_socketpair(src, dst)
         dst.qmp.cmd("migrate-incoming", uri="fd:mig")
         src.qmp.cmd("migrate", uri="fd:mig")
         wait_status(src, ("completed",), timeout=120)
