@@ -118,6 +118,43 @@ std::optional<QmpError> check_members(const json &obj, const QapiType &t, const 
 
 } // namespace
 
+QapiType qapi_of_kind(QapiType::Kind k)
+{
+    QapiType t;
+    t.kind = k;
+    return t;
+}
+
+QapiType qapi_list_of(const QapiType *element)
+{
+    QapiType t = qapi_of_kind(QapiType::Kind::List);
+    t.element = element;
+    return t;
+}
+
+QapiType qapi_enum(std::vector<std::string> values)
+{
+    QapiType t = qapi_of_kind(QapiType::Kind::Enum);
+    t.values = std::move(values);
+    return t;
+}
+
+QapiType qapi_struct(std::vector<QapiType::Member> members)
+{
+    QapiType t = qapi_of_kind(QapiType::Kind::Struct);
+    t.members = std::move(members);
+    return t;
+}
+
+QapiType qapi_flat_union(const char *tag, const QapiType *tag_type,
+                         std::map<std::string, const QapiType *> variants)
+{
+    QapiType t = qapi_struct({{tag, tag_type}});
+    t.discriminator = tag;
+    t.variants = std::move(variants);
+    return t;
+}
+
 std::optional<QmpError> qapi_check(const json &value, const QapiType &type,
                                    const std::string &name, const std::string &path)
 {

@@ -33,6 +33,16 @@ struct QapiType {
     std::map<std::string, const QapiType *> variants;
 };
 
+// Schema builders, for types written as constants.
+QapiType qapi_of_kind(QapiType::Kind k);
+QapiType qapi_list_of(const QapiType *element);
+QapiType qapi_enum(std::vector<std::string> values);
+QapiType qapi_struct(std::vector<QapiType::Member> members);
+// A flat union: `tag` (of enum `tag_type`) picks the variant whose members
+// share the object.
+QapiType qapi_flat_union(const char *tag, const QapiType *tag_type,
+                         std::map<std::string, const QapiType *> variants);
+
 // Checks `value` (the member `name`) against `type`. `path` is the full
 // name of `value` ("" at the top, else e.g. "channels[0]").
 std::optional<QmpError> qapi_check(const json &value, const QapiType &type,

@@ -70,43 +70,15 @@ std::string MigrationAddress::uri() const
 
 namespace {
 
-QapiType of_kind(QapiType::Kind k)
-{
-    QapiType t;
-    t.kind = k;
-    return t;
-}
-
-QapiType list_of(const QapiType *element)
-{
-    QapiType t = of_kind(QapiType::Kind::List);
-    t.element = element;
-    return t;
-}
-
-QapiType enum_type(std::vector<std::string> values)
-{
-    QapiType t = of_kind(QapiType::Kind::Enum);
-    t.values = std::move(values);
-    return t;
-}
-
-QapiType struct_type(std::vector<QapiType::Member> members)
-{
-    QapiType t = of_kind(QapiType::Kind::Struct);
-    t.members = std::move(members);
-    return t;
-}
-
-const QapiType kStr = of_kind(QapiType::Kind::Str);
-const QapiType kBool = of_kind(QapiType::Kind::Bool);
-const QapiType kUint16 = of_kind(QapiType::Kind::Uint16);
-const QapiType kUint32 = of_kind(QapiType::Kind::Uint32);
-const QapiType kSize = of_kind(QapiType::Kind::Uint64);
-const QapiType kStrList = list_of(&kStr);
+const QapiType kStr = qapi_of_kind(QapiType::Kind::Str);
+const QapiType kBool = qapi_of_kind(QapiType::Kind::Bool);
+const QapiType kUint16 = qapi_of_kind(QapiType::Kind::Uint16);
+const QapiType kUint32 = qapi_of_kind(QapiType::Kind::Uint32);
+const QapiType kSize = qapi_of_kind(QapiType::Kind::Uint64);
+const QapiType kStrList = qapi_list_of(&kStr);
 
 // qapi/sockets.json and qapi/migration.json of QEMU 10.0.
-const QapiType kInet = struct_type({{"host", &kStr},
+const QapiType kInet = qapi_struct({{"host", &kStr},
                                     {"port", &kStr},
                                     {"numeric", &kBool, true},
                                     {"to", &kUint16, true},
@@ -118,32 +90,23 @@ const QapiType kInet = struct_type({{"host", &kStr},
                                     {"keep-alive-interval", &kUint32, true},
                                     {"mptcp", &kBool, true}});
 const QapiType kUnix =
-    struct_type({{"path", &kStr}, {"abstract", &kBool, true}, {"tight", &kBool, true}});
-const QapiType kVsock = struct_type({{"cid", &kStr}, {"port", &kStr}});
-const QapiType kFdStr = struct_type({{"str", &kStr}});
-const QapiType kExec = struct_type({{"args", &kStrList}});
-const QapiType kFile = struct_type({{"filename", &kStr}, {"offset", &kSize}});
-const QapiType kSocketType = enum_type({"inet", "unix", "vsock", "fd"});
-const QapiType kTransport = enum_type({"socket", "exec", "rdma", "file"});
-const QapiType kChannelType = enum_type({"main", "cpr"});
-
-QapiType flat_union(const char *tag, const QapiType *tag_type,
-                    std::map<std::string, const QapiType *> variants)
-{
-    QapiType t = struct_type({{tag, tag_type}});
-    t.discriminator = tag;
-    t.variants = std::move(variants);
-    return t;
-}
+    qapi_struct({{"path", &kStr}, {"abstract", &kBool, true}, {"tight", &kBool, true}});
+const QapiType kVsock = qapi_struct({{"cid", &kStr}, {"port", &kStr}});
+const QapiType kFdStr = qapi_struct({{"str", &kStr}});
+const QapiType kExec = qapi_struct({{"args", &kStrList}});
+const QapiType kFile = qapi_struct({{"filename", &kStr}, {"offset", &kSize}});
+const QapiType kSocketType = qapi_enum({"inet", "unix", "vsock", "fd"});
+const QapiType kTransport = qapi_enum({"socket", "exec", "rdma", "file"});
+const QapiType kChannelType = qapi_enum({"main", "cpr"});
 
 const QapiType kSocket =
-    flat_union("type", &kSocketType,
+    qapi_flat_union("type", &kSocketType,
                {{"inet", &kInet}, {"unix", &kUnix}, {"vsock", &kVsock}, {"fd", &kFdStr}});
-const QapiType kAddress = flat_union(
+const QapiType kAddress = qapi_flat_union(
     "transport", &kTransport,
     {{"socket", &kSocket}, {"exec", &kExec}, {"rdma", &kInet}, {"file", &kFile}});
-const QapiType kChannel = struct_type({{"channel-type", &kChannelType}, {"addr", &kAddress}});
-const QapiType kChannelList = list_of(&kChannel);
+const QapiType kChannel = qapi_struct({{"channel-type", &kChannelType}, {"addr", &kAddress}});
+const QapiType kChannelList = qapi_list_of(&kChannel);
 
 Result<MigrationAddress> address_from_json(const json &addr)
 {

@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "monitor/qapi_visit.h"
+
 namespace qmigd {
 
 namespace {
@@ -127,97 +129,98 @@ namespace {
 
 using nlohmann::json;
 
-Result<std::string> string_prop(const json &args, const char *key, bool required)
+// QEMU 10's ObjectOptions for the two types qmigd has (qapi/qom.json and
+// qapi/crypto.json): object-add's arguments are checked against it with
+// QEMU's own errors before anything reads them.
+const QapiType kStr = qapi_of_kind(QapiType::Kind::Str);
+const QapiType kBool = qapi_of_kind(QapiType::Kind::Bool);
+const QapiType kPolicy = qapi_enum({"deny", "allow"});
+const QapiType kFormat = qapi_enum({"exact", "glob"});
+const QapiType kRule =
+    qapi_struct({{"match", &kStr}, {"policy", &kPolicy}, {"format", &kFormat, true}});
+const QapiType kRules = qapi_list_of(&kRule);
+const QapiType kAuthzList = qapi_struct({{"policy", &kPolicy, true}, {"rules", &kRules, true}});
+const QapiType kEndpoint = qapi_enum({"client", "server"});
+const QapiType kCredsX509 = qapi_struct({{"verify-peer", &kBool, true},
+                                         {"dir", &kStr, true},
+                                         {"endpoint", &kEndpoint, true},
+                                         {"priority", &kStr, true},
+                                         {"sanity-check", &kBool, true},
+                                         {"passwordid", &kStr, true}});
+const QapiType kObjectType = qapi_enum({"authz-list", "tls-creds-x509"});
+const QapiType kObject = [] {
+    QapiType t = qapi_flat_union("qom-type", &kObjectType,
+                                 {{"authz-list", &kAuthzList}, {"tls-creds-x509", &kCredsX509}});
+    t.members.push_back({"id", &kStr});
+    return t;
+}();
+
+Status check_object(const json &args)
 {
-    if (!args.contains(key)) {
-        if (required) {
-            return Error(fmt::format("Parameter '{}' is missing", key));
+    if (!args.is_object()) {
+        return Error("Invalid parameter type, expected: object");
+    }
+    if (args.contains("qom-type") && args["qom-type"].is_string()) {
+        const std::string &type = args["qom-type"].get_ref<const std::string &>();
+        if (type != "authz-list" && type != "tls-creds-x509") {
+            return Error(fmt::format("Invalid parameter '{}' (qmigd has tls-creds-x509 and "
+                                     "authz-list)",
+                                     type));
         }
-        return std::string();
     }
-    if (!args[key].is_string()) {
-        return Error(fmt::format("Invalid parameter type for '{}', expected: string", key));
+    if (auto e = qapi_check(args, kObject, "", "")) {
+        return Error(e->desc);
     }
-    return args[key].get<std::string>();
+    return {};
 }
 
-Result<bool> policy_prop(const json &v, const char *key)
+Status add_creds(const json &args, std::map<std::string, std::shared_ptr<TlsCreds>> &table)
 {
-    if (!v.is_string() || (v != "allow" && v != "deny")) {
-        return Error(fmt::format("Parameter '{}' does not accept value '{}'", key,
-                                 v.is_string() ? v.get<std::string>() : v.dump()));
+    std::string id = args["id"];
+    if (!args.contains("dir")) {
+        return Error("Parameter 'dir' is missing");
     }
-    return v == "allow";
+    std::string dir = args["dir"];
+    std::string ep = args.value("endpoint", std::string("client"));
+    bool verify = args.value("verify-peer", true);
+    auto c = TlsCreds::load(id, dir,
+                            ep == "server" ? TlsCreds::Endpoint::Server
+                                           : TlsCreds::Endpoint::Client,
+                            verify);
+    QMIGD_TRY(c);
+    table[id] = *c;
+    spdlog::info("tls: credentials '{}' loaded from {} ({} endpoint, verify-peer {})", id, dir,
+                 ep, verify ? "on" : "off");
+    return {};
+}
+
+std::shared_ptr<AuthzList> make_authz(const json &args)
+{
+    std::vector<AuthzList::Rule> rules;
+    for (const json &r : args.value("rules", json::array())) {
+        rules.push_back({r["match"], r["policy"] == "allow",
+                         r.value("format", std::string("exact")) == "glob"});
+    }
+    return std::make_shared<AuthzList>(args["id"], args.value("policy", "deny") == "allow",
+                                       std::move(rules));
 }
 
 } // namespace
 
 Status TlsObjects::add(const json &args)
 {
-    auto type = string_prop(args, "qom-type", true);
-    QMIGD_TRY(type);
-    auto id = string_prop(args, "id", true);
-    QMIGD_TRY(id);
-    if (creds_.count(*id) || authz_.count(*id)) {
+    QMIGD_TRY(check_object(args));
+    const std::string &id = args["id"].get_ref<const std::string &>();
+    if (creds_.count(id) || authz_.count(id)) {
         return Error(fmt::format("attempt to add duplicate property '{}' to object (type "
                                  "'container')",
-                                 *id));
+                                 id));
     }
-    if (*type == "tls-creds-x509") {
-        auto dir = string_prop(args, "dir", true);
-        QMIGD_TRY(dir);
-        auto ep = string_prop(args, "endpoint", false);
-        QMIGD_TRY(ep);
-        if (!ep->empty() && *ep != "client" && *ep != "server") {
-            return Error(fmt::format("Parameter 'endpoint' does not accept value '{}'", *ep));
-        }
-        bool verify = true;
-        if (args.contains("verify-peer")) {
-            if (!args["verify-peer"].is_boolean()) {
-                return Error("Invalid parameter type for 'verify-peer', expected: boolean");
-            }
-            verify = args["verify-peer"];
-        }
-        auto c = TlsCreds::load(*id, *dir,
-                                *ep == "server" ? TlsCreds::Endpoint::Server
-                                                : TlsCreds::Endpoint::Client,
-                                verify);
-        QMIGD_TRY(c);
-        creds_[*id] = *c;
-        spdlog::info("tls: credentials '{}' loaded from {} ({} endpoint, verify-peer {})", *id,
-                     *dir, ep->empty() ? "client" : *ep, verify ? "on" : "off");
-        return {};
+    if (args["qom-type"] == "tls-creds-x509") {
+        return add_creds(args, creds_);
     }
-    if (*type == "authz-list") {
-        bool allow = false;
-        if (args.contains("policy")) {
-            auto p = policy_prop(args["policy"], "policy");
-            QMIGD_TRY(p);
-            allow = *p;
-        }
-        std::vector<AuthzList::Rule> rules;
-        const json &list = args.contains("rules") ? args["rules"] : json::array();
-        if (!list.is_array()) {
-            return Error("Invalid parameter type for 'rules', expected: array");
-        }
-        for (const json &r : list) {
-            if (!r.is_object() || !r.contains("match") || !r["match"].is_string() ||
-                !r.contains("policy")) {
-                return Error("authz-list: each rule needs 'match' (a string) and 'policy'");
-            }
-            auto p = policy_prop(r["policy"], "policy");
-            QMIGD_TRY(p);
-            std::string format = r.value("format", "exact");
-            if (format != "exact" && format != "glob") {
-                return Error(fmt::format("Parameter 'format' does not accept value '{}'", format));
-            }
-            rules.push_back({r["match"], *p, format == "glob"});
-        }
-        authz_[*id] = std::make_shared<AuthzList>(*id, allow, std::move(rules));
-        return {};
-    }
-    return Error(fmt::format("Invalid parameter '{}' (qmigd has tls-creds-x509 and authz-list)",
-                             *type));
+    authz_[id] = make_authz(args);
+    return {};
 }
 
 Status TlsObjects::add_option(const std::string &spec)

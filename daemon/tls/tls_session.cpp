@@ -173,11 +173,15 @@ Status TlsSession::check_peer(bool client, const std::string &hostname)
             return Error("The certificate is not yet activated");
         }
         if (i == 0) {
-            char dn[1024];
-            size_t len = sizeof(dn);
-            if (gnutls_x509_crt_get_dn(crt, dn, &len) == 0) {
-                peer_name_.assign(dn, strnlen(dn, sizeof(dn)));
+            // The whole DN, however long (a name cut short or left empty
+            // would be checked against the authz rules as another name), in
+            // get_dn2's order, the text QEMU's authz rules match.
+            gnutls_datum_t dn{};
+            if (int ret = gnutls_x509_crt_get_dn2(crt, &dn); ret < 0) {
+                return tls_error("Cannot get client distinguished name", ret);
             }
+            peer_name_.assign(reinterpret_cast<const char *>(dn.data), dn.size);
+            gnutls_free(dn.data);
             if (client && hostname.empty()) { // a unix: socket without tls-hostname
                 return Error("No hostname for certificate validation");
             }

@@ -33,6 +33,7 @@ import sys
 import time
 
 from qmp import QMP
+from qmp_args import parse_args, UsageError
 import runner
 
 MiB = 1 << 20
@@ -300,12 +301,10 @@ def run_main(argv):
         params["zero-page-detection"] = a.zpd
     if a.max_bandwidth is not None:
         params["max-bandwidth"] = a.max_bandwidth
-    for pair in a.set:
-        k, v = pair.split("=", 1)
-        try:
-            params[k] = json.loads(v)
-        except ValueError:
-            params[k] = v
+    try:
+        params.update(parse_args(a.set))
+    except UsageError as e:
+        ap.error(str(e))
     if a.verify:
         scn["verify"] = [p.split(":", 1) for p in a.verify]
     if a.uri != "tcp:127.0.0.1:0" or "uri" not in scn:

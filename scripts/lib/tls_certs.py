@@ -39,15 +39,18 @@ class CA:
         _certtool("--generate-self-signed", "--load-privkey", self.key, "--outfile", self.cert,
                   template=f'cn = "{name}"\nca\ncert_signing_key\nexpiration_days = 3\n')
 
-    def issue(self, out_dir, role, cn, dns=("localhost",), ips=("127.0.0.1",), dates=None):
+    def issue(self, out_dir, role, cn, dns=("localhost",), ips=("127.0.0.1",), dates=None,
+              units=()):
         """Writes ca-cert.pem and ROLE-cert.pem / ROLE-key.pem into out_dir
-        (role: server or client). dates: (activation, expiration) strings."""
+        (role: server or client). dates: (activation, expiration) strings;
+        units: organizational units, each an OU of the subject."""
         os.makedirs(out_dir, exist_ok=True)
         shutil.copy(self.cert, os.path.join(out_dir, "ca-cert.pem"))
         key = os.path.join(out_dir, f"{role}-key.pem")
         cert = os.path.join(out_dir, f"{role}-cert.pem")
         _key(key)
         t = f'organization = "qmigd tests"\ncn = "{cn}"\nsigning_key\nencryption_key\n'
+        t += "".join(f'unit = "{u}"\n' for u in units)
         t += "tls_www_server\n" if role == "server" else "tls_www_client\n"
         t += "".join(f'dns_name = "{d}"\n' for d in dns)
         t += "".join(f'ip_address = "{i}"\n' for i in ips)
@@ -64,3 +67,13 @@ def client_dn(cn):
     """The DN gnutls_x509_crt_get_dn() reports for a certificate issue()
     made, which is what QEMU's and qmigd's authz-list rules match."""
     return f"O=qmigd tests,CN={cn}"
+
+
+def subject_dn(cert_dir, role):
+    """The subject DN of ROLE-cert.pem in cert_dir as authz-list rules match
+    it: gnutls_x509_crt_get_dn2()'s order, which is the reverse of the
+    RFC 4514 order certtool -i prints (values here hold no commas)."""
+    out = subprocess.run(["certtool", "-i", "--infile", os.path.join(cert_dir, f"{role}-cert.pem")],
+                         check=True, capture_output=True, text=True).stdout
+    rfc4514 = next(l.split("Subject: ", 1)[1] for l in out.splitlines() if "Subject: " in l)
+    return ",".join(reversed(rfc4514.split(",")))

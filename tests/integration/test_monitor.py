@@ -409,6 +409,31 @@ def test_qmig_command_line():
         remove(img)
 
 
+@test
+def test_qmig_bad_arguments_are_usage_errors():
+    """Values that start like JSON but are not, and dotted names that
+    conflict, are refused before anything is sent: exit 2 at once, no
+    traceback (they used to reach the daemon as strings, or crash qmig)."""
+    img = f"/dev/shm/{unique_name('cli')}.ram"
+    p = Peer("qmigd", "source", [("mem", img, SIZE)], "cli2")
+    try:
+        for args in (["migrate-set-capabilities", 'capabilities=[{"capability": "multifd"'],
+                     ["migrate-set-parameters", "tls-creds={"],
+                     ["object-add", "a=1", "a.b=2"],
+                     ["object-add", "a.b=2", "a=1"],
+                     ["object-add", "a..b=1"]):
+            out, secs = timed_qmig([p.qmp_path] + args)
+            check(out.returncode == 2 and "qmig:" in out.stderr and "Traceback" not in out.stderr,
+                  (args, out.returncode, out.stderr))
+            check(secs < 5, f"{args} took {secs:.1f} s")
+        out, secs = timed_qmig(["run", "--src", p.qmp_path, "--dst", p.qmp_path, "--set", "x"])
+        check(out.returncode == 2 and "Traceback" not in out.stderr, out.stderr)
+        check("return" in p.qmp.execute("query-status"))
+    finally:
+        p.stop()
+        remove(img)
+
+
 def info_migrate_after(src_kind, dst_kind):
     """Both sides' `info migrate` after one completed migration, with the
     numbers that depend on timing masked."""

@@ -207,6 +207,77 @@ def test_authz_list_denies_a_client():
     run(tls_certs.client_dn("someone else"), False, "qemu")
 
 
+LONG_CLIENT = CA.issue(f"{ROOT}/long-client", "client", "qmigd client",
+                      units=[f"unit {i} " + "x" * 50 for i in range(20)])
+
+
+@test
+def test_long_client_dn_is_checked_whole():
+    """A client DN of 1,260 bytes (past any fixed buffer): a deny rule for
+    it denies, an allow rule for it lets it in, on qmigd as on QEMU."""
+    dn = tls_certs.subject_dn(LONG_CLIENT, "client")
+    check(len(dn) > 1024, len(dn))
+
+    def run(policy, rule_policy, expect_ok, dst_kind):
+        with images(16 * MiB, "mixed") as imgs, peers("qmigd", dst_kind, imgs) as (s, d):
+            creds(s, client_dir=LONG_CLIENT)
+            creds(d)
+            d.qmp.cmd("object-add", **{"qom-type": "authz-list", "id": "auth0", "policy": policy,
+                                       "rules": [{"match": dn, "policy": rule_policy}]})
+            s.set_migration(False, extra_params={"tls-creds": "tls0"})
+            d.set_migration(False, extra_params={"tls-creds": "tls0", "tls-authz": "auth0"})
+            port = start_incoming(d)
+            s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+            if expect_ok:
+                wait_status(s, ("completed",), timeout=30)
+                wait_status(d, ("completed",), timeout=30)
+                return
+            wait_status(s, ("failed",), timeout=30, fail_on=("completed",))
+            check(d.status()["status"] == "setup", f"{dst_kind}: {d.status()}")
+    for kind in ("qmigd", "qemu"):
+        run("allow", "deny", False, kind)  # a deny-list that names it
+        run("deny", "allow", True, kind)   # an allow-list that names it
+
+
+OBJECT_ADD_CASES = [
+    {"qom-type": "authz-list", "id": "a1", "rules": [{"match": "x", "policy": "allow", "bogus": 1}]},
+    {"qom-type": "authz-list", "id": "a2", "rules": [{"match": "x", "policy": "allow", "format": 5}]},
+    {"qom-type": "authz-list", "id": "a3", "rules": [{"match": 5, "policy": "allow"}]},
+    {"qom-type": "authz-list", "id": "a4", "rules": [{"policy": "allow"}]},
+    {"qom-type": "authz-list", "id": "a5", "rules": [{"match": "x"}]},
+    {"qom-type": "authz-list", "id": "a6", "rules": "x"},
+    {"qom-type": "authz-list", "id": "a7", "bogus": 1},
+    {"qom-type": "authz-list", "id": "a8", "policy": 5},
+    {"qom-type": "authz-list", "id": "a9", "rules": [5]},
+    {"qom-type": "authz-list", "id": "a10", "rules": [{"match": "x", "policy": "allow",
+                                                      "format": "regex"}]},
+    {"qom-type": "authz-list", "id": "a11", "rules": [{"match": "x", "policy": "maybe"}]},
+    {"qom-type": "authz-list", "id": 5},
+    {"qom-type": "authz-list"},
+    {"qom-type": "tls-creds-x509", "id": "t1", "dir": "/nonexistent", "endpoint": "server",
+     "bogus": 1},
+    {"qom-type": "tls-creds-x509", "id": "t2", "dir": 5},
+    {"qom-type": "tls-creds-x509", "id": "t3", "dir": "/x", "verify-peer": "yes"},
+    {"qom-type": "tls-creds-x509", "id": "t4", "dir": "/x", "endpoint": "both"},
+    {"qom-type": "authz-list", "id": "ok", "policy": "deny",
+     "rules": [{"match": "x", "policy": "allow", "format": "glob"}]},
+]
+
+
+@test
+def test_object_add_errors_as_qemu():
+    """Wrongly typed and unknown members of object-add: QEMU's words, and
+    the daemon goes on (a wrongly typed rule format used to abort it)."""
+    with images(4 * MiB, "zero") as imgs, peers("qemu", "qmigd", imgs) as (q, o):
+        for args in OBJECT_ADD_CASES:
+            got = []
+            for p in (q, o):
+                r = p.qmp.execute("object-add", args)
+                got.append(r.get("error", {}).get("desc", "ok"))
+            check(got[0] == got[1], f"{args}: QEMU {got[0]!r}, qmigd {got[1]!r}")
+        check(o.proc.poll() is None and "return" in o.qmp.execute("query-status"))
+
+
 @test
 def test_client_certificate_from_another_ca():
     # GnuTLS sends no certificate the server's CA did not sign: QEMU's
