@@ -479,7 +479,11 @@ Status Daemon::start()
         incoming_->set_fd_source([this](const std::string &n) { return fds_->take(n, true); });
     } else {
         const RamImage &first = *blocks_.front().image;
-        SideFile ctl = side_file(opts_.control_path, first.path(), first.backing(), ".ctl");
+        // A parked VM has no guest to control, and its directory is not
+        // written: its control record lives in memory.
+        SideFile ctl = parked_ ? SideFile{"", SideFileName::Anonymous}
+                               : side_file(opts_.control_path, first.path(), first.backing(),
+                                           ".ctl");
         auto gc = GuestControl::open(ctl.path, ctl.name);
         QMIGD_TRY(gc);
         guest_ = std::move(*gc);

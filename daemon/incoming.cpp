@@ -607,6 +607,13 @@ Status IncomingMigration::park_announce(const std::vector<RamBlockDesc> &descs)
         spec.name = descs[i].idstr;
         spec.path = parked_block_path(params_.park_dir, i, descs[i].idstr);
         spec.size = descs[i].used_length;
+        spec.open = ImageOpen::Create;
+        // No vm.json here (park_dir_check): a file of that name is what a
+        // park that was killed left, never part of a parked VM.
+        if (::unlink(spec.path.c_str()) == 0) {
+            spdlog::info("incoming migration: removed {}, left by an unfinished park",
+                         spec.path);
+        }
         auto b = ram_block_open(spec, false);
         QMIGD_TRY(b);
         b->image->scan_holes();
@@ -644,6 +651,10 @@ Result<ParkedVm> IncomingMigration::park_finish(LoadvmResult &result)
         vm.blocks.push_back({d.idstr, d.used_length});
     }
     vm.device_state = std::move(result.device_state);
+    // Durable before the record names them: the record is the commit.
+    for (const auto &b : blocks_) {
+        QMIGD_TRY(b.image->sync());
+    }
     QMIGD_TRY(parked_vm_write(vm));
     spdlog::info("incoming migration: parked VM '{}' in {}: {} RAM blocks, {} bytes of device "
                  "state",

@@ -58,6 +58,7 @@ private:
     Status setup();
     Status iterate();
     void update_counters();
+    Status sync_if_file();
     Status complete();
     Status send_part(bool *round_done);
     Status send_dirty(bool until_done, bool *round_done);

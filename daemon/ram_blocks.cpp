@@ -83,16 +83,32 @@ Result<RAMBlock> ram_block_open(const RamBlockSpec &spec, bool with_dirty_bitmap
                                 PagePathMode mode)
 {
     RAMBlock b;
-    auto img = RamImage::open(spec.path, spec.size);
+    auto img = RamImage::open(spec.path, spec.size, spec.open);
     QMIGD_TRY(img);
     b.image = std::move(*img);
     b.desc = RamBlockDesc{spec.name, b.image->size()};
-    PagePaths paths = choose_page_paths(parent_dir(spec.path), b.image->backing(), mode);
+    bool read_only = spec.open == ImageOpen::ReadOnly;
+    // Measuring needs a scratch file beside the image: not in a parked VM's
+    // directory. A parked image on 4 KiB tmpfs is measured in /dev/shm (the
+    // same shmem, the same costs); on a disk, pages are read with pread,
+    // page cache to buffer, where a mapping would fault on each of them.
+    std::string measure_in = parent_dir(spec.path);
+    PagePathMode how = mode;
+    if (read_only && mode == PagePathMode::Auto) {
+        if (b.image->backing().kind == BackingKind::Tmpfs) {
+            measure_in = "/dev/shm";
+        } else if (b.image->backing().kind == BackingKind::Other) {
+            how = PagePathMode::File;
+        }
+    }
+    PagePaths paths = choose_page_paths(measure_in, b.image->backing(), how);
     b.image->set_page_paths(paths);
     spdlog::info("RAM block '{}': {} on {}; page path {}", spec.name, spec.path,
                  b.image->backing().name(), paths.why);
     if (with_dirty_bitmap) {
-        SideFile dirty = side_file(spec.dirty_path, spec.path, b.image->backing(), ".dirty");
+        SideFile dirty = read_only ? SideFile{"", SideFileName::Anonymous}
+                                   : side_file(spec.dirty_path, spec.path, b.image->backing(),
+                                               ".dirty");
         if (dirty.name == SideFileName::Derived && dirty.path != spec.path + ".dirty") {
             spdlog::info("RAM block '{}': dirty bitmap in {} ({} holds no small files)",
                          spec.name, dirty.path, b.image->backing().name());

@@ -23,6 +23,9 @@ struct RamBlockSpec {
     std::string path;
     uint64_t size = 0;
     std::string dirty_path; // default: side_file_path(path, backing, ".dirty")
+    // ReadOnly (a parked VM's image): its dirty bitmap is anonymous and
+    // nothing is written beside it, so a read-only checkpoint serves.
+    ImageOpen open = ImageOpen::Shared;
 };
 
 Result<RamBlockSpec> ram_block_spec_parse(const std::string &text);

@@ -42,19 +42,29 @@ alignas(4096) const uint8_t kZeroPage[TARGET_PAGE_SIZE] = {};
 
 } // namespace
 
-Result<std::unique_ptr<RamImage>> RamImage::open(const std::string &path, uint64_t size)
+Result<std::unique_ptr<RamImage>> RamImage::open(const std::string &path, uint64_t size,
+                                                 ImageOpen how)
 {
     std::unique_ptr<RamImage> img(new RamImage());
     img->path_ = path;
-    img->fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    bool created = img->fd_ >= 0;
-    if (!created && errno == EEXIST) {
-        img->fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    int nofollow = how == ImageOpen::Shared ? 0 : O_NOFOLLOW;
+    bool created = false;
+    if (how != ImageOpen::ReadOnly) {
+        img->fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | nofollow | O_CLOEXEC, 0600);
+        created = img->fd_ >= 0;
+    }
+    if (how == ImageOpen::ReadOnly || (how == ImageOpen::Shared && errno == EEXIST)) {
+        // O_NONBLOCK: a FIFO planted in a parked VM's place must not hang
+        // the open (a regular file ignores it).
+        int mode = how == ImageOpen::ReadOnly ? O_RDONLY | O_NONBLOCK : O_RDWR;
+        img->fd_ = ::open(path.c_str(), mode | nofollow | O_CLOEXEC);
     }
     if (img->fd_ < 0) {
-        return sys_error("cannot open RAM image", path);
+        return sys_error(errno == ELOOP ? "refusing a symbolic link as RAM image"
+                                        : "cannot open RAM image",
+                         path);
     }
-    auto r = img->init(size);
+    auto r = img->init(size, how != ImageOpen::ReadOnly);
     if (!r.ok() && created) {
         unlink(path.c_str()); // a failed start leaves nothing behind
     }
@@ -64,7 +74,15 @@ Result<std::unique_ptr<RamImage>> RamImage::open(const std::string &path, uint64
     return img;
 }
 
-Status RamImage::init(uint64_t size)
+Status RamImage::sync() const
+{
+    if (::fsync(fd_) < 0) {
+        return sys_error("cannot sync RAM image", path_);
+    }
+    return {};
+}
+
+Status RamImage::init(uint64_t size, bool writable)
 {
     const std::string &path = path_;
     struct stat st;
@@ -97,11 +115,18 @@ Status RamImage::init(uint64_t size)
                                  "'size' option 0x{:x}",
                                  path, file_size, size));
     }
+    if (!S_ISREG(st.st_mode)) {
+        return Error(fmt::format("RAM image '{}' is not a regular file", path));
+    }
+    if (file_size == 0 && !writable) {
+        return Error(fmt::format("RAM image '{}' is empty", path));
+    }
     if (file_size == 0 && ftruncate(fd_, off_t(size)) < 0) {
         return sys_error("cannot size RAM image", path);
     }
     size_ = size;
-    void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd_, 0);
+    int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
+    void *p = mmap(nullptr, size, prot, MAP_SHARED | MAP_NORESERVE, fd_, 0);
     if (p == MAP_FAILED) {
         return sys_error("cannot map RAM image", path);
     }

@@ -21,13 +21,22 @@
 
 namespace qmigd {
 
+// How an image file is opened.
+//  - Shared:   QEMU's memory-backend-file: opened, or created if missing.
+//  - Create:   a new file only (O_EXCL), never through a symlink: a park's
+//              images, in a directory someone else may write into.
+//  - ReadOnly: an existing file, never through a symlink, mapped read-only:
+//              a parked VM's images, which a resume must not change.
+enum class ImageOpen { Shared, Create, ReadOnly };
+
 class RamImage {
 public:
     // Opens (or creates) path, as QEMU's memory-backend-file does: size == 0
     // means "use the file's size"; an empty or missing file is sized to
     // `size`; a smaller non-empty file is refused; a larger one is used for
     // its first `size` bytes. Starts with the File paths (set_page_paths).
-    static Result<std::unique_ptr<RamImage>> open(const std::string &path, uint64_t size);
+    static Result<std::unique_ptr<RamImage>> open(const std::string &path, uint64_t size,
+                                                  ImageOpen how = ImageOpen::Shared);
     ~RamImage();
     RamImage(const RamImage &) = delete;
     RamImage &operator=(const RamImage &) = delete;
@@ -82,6 +91,10 @@ public:
     // (or cleared where 4 KiB holes cannot be punched).
     Status zero_page(uint64_t offset);
 
+    // Data and size on stable storage (fsync), for a destination that is
+    // about to report the image complete.
+    Status sync() const;
+
     // --- holes (pages never written, so zero) ---
     // Learns them from the file (SEEK_HOLE). Source: after the first dirty
     // sync, so a write racing the scan is dirty again later.
@@ -96,7 +109,7 @@ public:
 
 private:
     RamImage() = default;
-    Status init(uint64_t size);
+    Status init(uint64_t size, bool writable);
     Status populate(uint64_t offset, size_t len, bool write) const;
     void clear_known_zero(uint64_t offset, size_t len);
 

@@ -19,10 +19,14 @@ Result<std::unique_ptr<SharedFile>> SharedFile::open(const std::string &path, si
     auto fail = [&](const char *step) {
         return Error(fmt::format("cannot {} {} '{}': {}", step, what, path, std::strerror(errno)));
     };
-    f->fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (name == SideFileName::Anonymous) {
+        f->fd_ = memfd_create(what, MFD_CLOEXEC);
+    } else {
+        f->fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    }
     f->remove_at_close_ = f->fd_ >= 0 && name == SideFileName::Derived;
     if (f->fd_ < 0 && errno == EEXIST) {
-        f->fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+        f->fd_ = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     }
     struct stat st;
     if (f->fd_ < 0 || fstat(f->fd_, &st) < 0) {

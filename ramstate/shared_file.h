@@ -14,8 +14,10 @@ namespace qmigd {
 
 // Whose name a side file has: one the user gave is always kept; one qmigd
 // derived from the image (IMAGE.dirty, IMAGE.ctl) is removed when closed if
-// this process created it and no other process has it open then.
-enum class SideFileName { Named, Derived };
+// this process created it and no other process has it open then. An
+// Anonymous one has no name at all (a memfd): for a parked VM, which no
+// other process writes and whose directory qmigd must not write into.
+enum class SideFileName { Named, Derived, Anonymous };
 
 class SharedFile {
 public:

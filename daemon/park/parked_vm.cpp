@@ -1,12 +1,12 @@
 #include "daemon/park/parked_vm.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -23,71 +23,154 @@ constexpr int kVersion = 1;
 std::string record_path(const std::string &dir) { return dir + "/vm.json"; }
 std::string device_state_path(const std::string &dir) { return dir + "/device-state.bin"; }
 
+Error file_error(const char *what, const std::string &path, int err)
+{
+    return Error(fmt::format("{} '{}': {}", what, path,
+                             err == ELOOP ? "is a symbolic link" : std::strerror(err)));
+}
+
 // Through a temporary name, so that a reader sees the old file or the
-// whole new one.
+// whole new one; on stable storage (fsync) before the rename, so that the
+// name never points at data a crash could lose. The directory entry is
+// the caller's to sync (sync_dir). Private (0600), as the RAM images: the
+// device state holds the guest's CPU registers and device memory.
 Status write_file(const std::string &path, const void *data, size_t len)
 {
     std::string tmp = path + ".tmp";
-    FILE *f = std::fopen(tmp.c_str(), "wbx");
-    if (!f) {
-        return Error(fmt::format("Could not create '{}': {}", tmp, std::strerror(errno)));
+    ::unlink(tmp.c_str()); // a leftover of a park that was killed
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        return file_error("Could not create", tmp, errno);
     }
-    bool ok = std::fwrite(data, 1, len, f) == len;
-    ok = std::fflush(f) == 0 && ok;
+    auto in = static_cast<const uint8_t *>(data);
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = ::write(fd, in + done, len - done);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            break;
+        }
+        done += size_t(n);
+    }
+    bool ok = done == len && ::fsync(fd) == 0;
     int err = errno;
-    std::fclose(f);
+    ::close(fd);
     if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
         err = ok ? errno : err;
-        std::remove(tmp.c_str());
-        return Error(fmt::format("Could not write '{}': {}", path, std::strerror(err)));
+        ::unlink(tmp.c_str());
+        return file_error("Could not write", path, err);
     }
     return {};
 }
 
+// A file of the directory, whole: a regular file of at most `max` bytes,
+// never a symbolic link, FIFO or device (which could hang or never end).
 Result<std::string> read_file(const std::string &path, size_t max)
 {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-        return Error(fmt::format("Could not open '{}': {}", path, std::strerror(errno)));
+    int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        return file_error("Could not open", path, errno);
     }
-    std::ostringstream s;
-    s << in.rdbuf();
-    if (s.str().size() > max) {
-        return Error(fmt::format("'{}' is larger than {} bytes", path, max));
+    struct stat st;
+    std::string out;
+    Status st_ok;
+    if (fstat(fd, &st) != 0) {
+        st_ok = file_error("Could not stat", path, errno);
+    } else if (!S_ISREG(st.st_mode)) {
+        st_ok = Error(fmt::format("'{}' is not a regular file", path));
+    } else if (uint64_t(st.st_size) > max) {
+        st_ok = Error(fmt::format("'{}' is larger than {} bytes", path, max));
+    } else {
+        out.resize(size_t(st.st_size));
+        size_t done = 0;
+        while (done < out.size()) {
+            ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+            if (n < 0 && errno == EINTR) {
+                continue;
+            }
+            if (n <= 0) {
+                st_ok = n < 0 ? file_error("Could not read", path, errno)
+                              : Error(fmt::format("'{}' shrank while it was read", path));
+                break;
+            }
+            done += size_t(n);
+        }
     }
-    return s.str();
+    ::close(fd);
+    if (!st_ok) {
+        return st_ok.error();
+    }
+    return out;
+}
+
+using nlohmann::json;
+
+// The record's members, each of the type it must have.
+Result<ParkedVm> parse_members(const std::string &dir, const json &j)
+{
+    auto bad = [&](const char *what) {
+        return Error(fmt::format("'{}': {}", record_path(dir), what));
+    };
+    auto is_uint = [](const json &v) { return v.is_number_unsigned(); };
+    if (!j.contains("machine-type") || !j["machine-type"].is_string()) {
+        return bad("'machine-type' must be a string");
+    }
+    if (!j.contains("ram-section-id") || !is_uint(j["ram-section-id"]) ||
+        j["ram-section-id"].get<uint64_t>() > UINT32_MAX) {
+        return bad("'ram-section-id' must be a 32-bit unsigned number");
+    }
+    if (!j.contains("blocks") || !j["blocks"].is_array()) {
+        return bad("'blocks' must be an array");
+    }
+    ParkedVm vm;
+    vm.dir = dir;
+    vm.machine_type = j["machine-type"];
+    vm.ram_section_id = j["ram-section-id"].get<uint32_t>();
+    if (j.contains("uuid")) {
+        Uuid u;
+        if (!j["uuid"].is_string() || !uuid_parse(j["uuid"].get<std::string>(), &u)) {
+            return bad("'uuid' must be a UUID string");
+        }
+        vm.uuid = u;
+    }
+    for (const json &b : j["blocks"]) {
+        if (!b.is_object() || !b.contains("idstr") || !b["idstr"].is_string() ||
+            !b.contains("size") || !is_uint(b["size"])) {
+            return bad("each block needs 'idstr' (a string) and 'size' (a number)");
+        }
+        const std::string &id = b["idstr"].get_ref<const std::string &>();
+        uint64_t size = b["size"];
+        if (id.empty() || id.size() > 255 || size == 0 || size % TARGET_PAGE_SIZE) {
+            return bad("a block's idstr must have 1 to 255 bytes and its size be whole pages");
+        }
+        vm.blocks.push_back({id, size});
+    }
+    if (j.contains("device-state-bytes")) {
+        if (!is_uint(j["device-state-bytes"])) {
+            return bad("'device-state-bytes' must be a number");
+        }
+        vm.device_state_bytes = j["device-state-bytes"].get<uint64_t>();
+    }
+    return vm;
 }
 
 Result<ParkedVm> parse_record(const std::string &dir, const std::string &text)
 {
-    using nlohmann::json;
     json j = json::parse(text, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || j.value("format", "") != kFormat) {
+    if (j.is_discarded() || !j.is_object() || !j.contains("format") ||
+        j["format"] != kFormat) {
         return Error(fmt::format("'{}' is not a parked VM record", record_path(dir)));
     }
-    if (j.value("version", 0) != kVersion) {
+    if (!j.contains("version") || j["version"] != kVersion) {
         return Error(fmt::format("'{}': parked VM record version {} is not supported",
-                                 record_path(dir), j.value("version", 0)));
+                                 record_path(dir), j.contains("version") ? j["version"].dump()
+                                                                         : "(none)"));
     }
-    ParkedVm vm;
-    vm.dir = dir;
-    try {
-        vm.machine_type = j.at("machine-type").get<std::string>();
-        vm.ram_section_id = j.at("ram-section-id").get<uint32_t>();
-        if (j.contains("uuid")) {
-            Uuid u;
-            if (!uuid_parse(j["uuid"].get<std::string>(), &u)) {
-                return Error("bad uuid");
-            }
-            vm.uuid = u;
-        }
-        for (const auto &b : j.at("blocks")) {
-            vm.blocks.push_back({b.at("idstr").get<std::string>(), b.at("size").get<uint64_t>()});
-        }
-    } catch (const json::exception &e) {
-        return Error(fmt::format("'{}': {}", record_path(dir), e.what()));
-    }
-    if (vm.blocks.empty() || vm.machine_type.empty() || vm.machine_type.size() > 255) {
+    auto vm = parse_members(dir, j);
+    QMIGD_TRY(vm);
+    if (vm->blocks.empty() || vm->machine_type.empty() || vm->machine_type.size() > 255) {
         return Error(fmt::format("'{}' names no RAM block or no machine type",
                                  record_path(dir)));
     }
@@ -96,10 +179,18 @@ Result<ParkedVm> parse_record(const std::string &dir, const std::string &text)
 
 } // namespace
 
+Result<ParkedVm> parked_vm_parse(const std::string &dir, const std::string &text)
+{
+    return parse_record(dir, text);
+}
+
 std::string parked_block_file(size_t index, const std::string &idstr)
 {
+    // The index keeps names apart, so the idstr part may be cut to keep the
+    // name within NAME_MAX for any idstr QEMU takes (up to 255 bytes).
+    constexpr size_t kMaxIdPart = 200;
     std::string name = fmt::format("{:02}-", index);
-    for (char c : idstr) {
+    for (char c : idstr.substr(0, kMaxIdPart)) {
         bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
         name += ok ? c : '_';
     }
@@ -114,19 +205,37 @@ std::string parked_block_path(const std::string &dir, size_t index, const std::s
 Status park_dir_check(const std::string &dir)
 {
     struct stat st;
-    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    if (::stat(dir.c_str(), &st) != 0) {
+        return Error(fmt::format("'{}': {}", dir, std::strerror(errno)));
+    }
+    if (!S_ISDIR(st.st_mode)) {
         return Error(fmt::format("'{}' is not a directory", dir));
     }
-    if (::stat(record_path(dir).c_str(), &st) == 0) {
+    if (::lstat(record_path(dir).c_str(), &st) == 0) {
         return Error(fmt::format("'{}' already holds a parked VM", dir));
     }
     return {};
+}
+
+Status parked_dir_sync(const std::string &dir)
+{
+    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        return file_error("Could not open", dir, errno);
+    }
+    int rc = ::fsync(fd);
+    int err = errno;
+    ::close(fd);
+    return rc == 0 ? Status() : Status(file_error("Could not sync", dir, err));
 }
 
 Status parked_vm_write(const ParkedVm &vm)
 {
     QMIGD_TRY(write_file(device_state_path(vm.dir), vm.device_state.data(),
                          vm.device_state.size()));
+    // The images' and the device state's names are durable before the
+    // record that points at them can be.
+    QMIGD_TRY(parked_dir_sync(vm.dir));
     nlohmann::json j = {{"format", kFormat},
                         {"version", kVersion},
                         {"machine-type", vm.machine_type},
@@ -143,7 +252,8 @@ Status parked_vm_write(const ParkedVm &vm)
                                {"file", parked_block_file(i, b.idstr)}});
     }
     std::string text = j.dump(1) + "\n";
-    return write_file(record_path(vm.dir), text.data(), text.size());
+    QMIGD_TRY(write_file(record_path(vm.dir), text.data(), text.size()));
+    return parked_dir_sync(vm.dir);
 }
 
 Result<ParkedVm> parked_vm_read(const std::string &dir)
@@ -155,9 +265,13 @@ Result<ParkedVm> parked_vm_read(const std::string &dir)
     for (size_t i = 0; i < vm->blocks.size(); i++) {
         std::string path = parked_block_path(dir, i, vm->blocks[i].idstr);
         struct stat st;
-        if (::stat(path.c_str(), &st) != 0) {
+        if (::lstat(path.c_str(), &st) != 0) {
             return Error(fmt::format("parked VM '{}': RAM image '{}': {}", dir, path,
                                      std::strerror(errno)));
+        }
+        if (!S_ISREG(st.st_mode)) {
+            return Error(fmt::format("parked VM '{}': RAM image '{}' is not a regular file",
+                                     dir, path));
         }
         if (uint64_t(st.st_size) != vm->blocks[i].size) {
             return Error(fmt::format("parked VM '{}': RAM image '{}' is {} bytes, the record "
@@ -165,10 +279,15 @@ Result<ParkedVm> parked_vm_read(const std::string &dir)
                                      dir, path, st.st_size, vm->blocks[i].size));
         }
     }
+    uint64_t recorded = vm->device_state_bytes;
     auto ds = read_file(device_state_path(dir), kMaxDeviceState);
     QMIGD_TRY(ds);
     vm->device_state.assign(ds->begin(), ds->end());
     vm->device_state_bytes = vm->device_state.size();
+    if (recorded && recorded != vm->device_state_bytes) {
+        return Error(fmt::format("parked VM '{}': device state is {} bytes, the record says {}",
+                                 dir, vm->device_state_bytes, recorded));
+    }
     if (Status st = device_state_check(vm->device_state).status(); !st) {
         return Error(st.error()).prepend(fmt::format("parked VM '{}': ", dir));
     }
@@ -183,6 +302,7 @@ std::vector<RamBlockSpec> parked_vm_ram_specs(const ParkedVm &vm)
         s.name = vm.blocks[i].idstr;
         s.path = parked_block_path(vm.dir, i, vm.blocks[i].idstr);
         s.size = vm.blocks[i].size;
+        s.open = ImageOpen::ReadOnly;
         specs.push_back(std::move(s));
     }
     return specs;

@@ -8,8 +8,11 @@
 //   DIR/device-state.bin   every device section, QEMU_VM_EOF and the VM
 //                          description, as they came (protocol/device_state.h)
 //
-// vm.json is written last (through a temporary name), so a directory with
-// a vm.json holds a whole parked VM, and nothing here overwrites one.
+// vm.json is written last, through a temporary name, after the images and
+// the device state are on stable storage: a directory with a vm.json holds
+// a whole parked VM, even after a crash, and nothing here overwrites one.
+// Every file here is opened without following symbolic links, and read
+// only if it is a regular file of a bounded size: the directory is input.
 #pragma once
 
 #include <cstdint>
@@ -43,12 +46,17 @@ std::string parked_block_file(size_t index, const std::string &idstr);
 std::string parked_block_path(const std::string &dir, size_t index, const std::string &idstr);
 // Where a VM may be parked: an existing directory with no parked VM in it.
 Status park_dir_check(const std::string &dir);
-// Writes device-state.bin, then vm.json. The images are already in place.
+// Writes device-state.bin, then vm.json, each synced before its rename,
+// syncing the directory after each. The images are in place and synced.
 Status parked_vm_write(const ParkedVm &vm);
+// fsync of the directory itself: the names in it are durable.
+Status parked_dir_sync(const std::string &dir);
+// vm.json's text as a record (no file is looked at): for the fuzzer.
+Result<ParkedVm> parked_vm_parse(const std::string &dir, const std::string &text);
 // Reads and checks a parked VM: the record, each image's size, and that
-// the device state is whole. Touches nothing in the directory.
+// the device state is whole. Writes nothing in the directory.
 Result<ParkedVm> parked_vm_read(const std::string &dir);
-// The --ram specs of its blocks (names are the blocks' idstrs).
+// The --ram specs of its blocks (names are the blocks' idstrs), read-only.
 std::vector<RamBlockSpec> parked_vm_ram_specs(const ParkedVm &vm);
 
 } // namespace qmigd

@@ -1,0 +1,386 @@
+#!/usr/bin/env python3
+"""A parked VM's directory is input, and what a park reports `completed`
+is durable. A QEMU 10 `-M none` guest (RAM only, its few device sections)
+is parked in seconds, so these run in the sanitizer builds too:
+  - every file qmigd reads from --ram-dir (vm.json of wrong types, a huge,
+    FIFO or /dev/zero device-state.bin, symbolic links) gets a clear error,
+    no crash and no hang; links planted where a park writes are not followed;
+  - the parked files are private (0600); a 255-byte block name parks;
+  - a resume writes nothing: from a read-only mount, two at once;
+  - a park syncs its images and device state, publishes vm.json by rename
+    and syncs the directory before `completed` (strace), a file: save syncs
+    before `completed`; kill -9 at random points leaves no vm.json or a
+    whole VM, and the directory parks again."""
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+from itest import test, main, check, skip
+from runner import (Peer, migrate, wait_status, start_incoming, unique_name, make_image,
+                    files_equal, remove, QMIGD, log_file)
+
+MiB = 1 << 20
+SIZE = 64 * MiB
+WORK = tempfile.mkdtemp(prefix="qmigd-parkdir-", dir="/dev/shm")
+SRC_IMG = os.path.join(WORK, "guest.ram")
+make_image(SRC_IMG, SIZE, "mixed", seed=7)
+
+
+def qemu_guest(tag, name="mem", path=SRC_IMG, role="source"):
+    return Peer("qemu", role, [(name, path, SIZE)], tag)
+
+
+def park(directory, tag, name="mem", path=SRC_IMG, wrap=None):
+    """Parks a QEMU -M none guest in `directory`; returns the destination's
+    query-migrate."""
+    guest = qemu_guest(tag + "-guest", name, path)
+    dst = Peer("qmigd", "dest", [], tag + "-park", extra=["--ram-dir", directory], wrap=wrap)
+    try:
+        si, di, _ = migrate(guest, dst, False, 1, "legacy", events=True)
+        check(si["status"] == "completed" and di["status"] == "completed", (si, di))
+        return di
+    finally:
+        dst.stop()
+        guest.stop()
+
+
+def new_dir(tag):
+    return tempfile.mkdtemp(prefix=tag + "-", dir=WORK)
+
+
+_parked = {}
+
+
+def parked():
+    if "dir" not in _parked:
+        d = new_dir("vm")
+        park(d, "first")
+        _parked["dir"] = d
+    return _parked["dir"]
+
+
+def copy_parked(tag):
+    c = new_dir(tag)
+    for name in os.listdir(parked()):
+        shutil.copy(os.path.join(parked(), name), c)
+    return c
+
+
+def snapshot(directory):
+    out = {}
+    for name in sorted(os.listdir(directory)):
+        st = os.lstat(os.path.join(directory, name))
+        out[name] = (st.st_size, st.st_mtime_ns, st.st_mode)
+    return out
+
+
+def source_start(directory, want, timeout=20):
+    """qmigd source --ram-dir must refuse `directory` with `want` in its
+    words, within `timeout` (a FIFO or /dev/zero must not hang it)."""
+    qmp = os.path.join("/tmp", unique_name("pd") + ".qmp")
+    try:
+        r = subprocess.run([QMIGD, "source", "--ram-dir", directory, "--qmp", qmp],
+                           capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        check(False, f"qmigd source --ram-dir hung on {directory} (wanted {want!r})")
+    said = r.stdout + r.stderr
+    check(r.returncode == 1 and want in said, (want, r.returncode, said[-600:]))
+    check("Sanitizer" not in said and "terminate called" not in said, said[-2000:])
+
+
+def edit_record(tag, fn):
+    d = copy_parked(tag)
+    with open(os.path.join(d, "vm.json")) as f:
+        rec = json.load(f)
+    fn(rec)
+    with open(os.path.join(d, "vm.json"), "w") as f:
+        json.dump(rec, f)
+    return d
+
+
+def resume_to_qemu(directory, tag):
+    """qmigd --ram-dir directory -> a QEMU -M none destination; compares RAM."""
+    img = os.path.join(WORK, unique_name(tag) + ".ram")
+    src = Peer("qmigd", "source", [], tag + "-src", extra=["--ram-dir", directory])
+    dst = qemu_guest(tag + "-dst", path=img, role="dest")
+    try:
+        si, di, secs = migrate(src, dst, False, 1, "legacy")
+        check(si["status"] == "completed" and di["status"] == "completed", (si, di))
+        check(files_equal(SRC_IMG, img), "the resumed RAM differs")
+    finally:
+        src.stop()
+        dst.stop()
+        remove(img)
+
+
+@test
+def test_parked_files_are_private():
+    d = parked()
+    names = sorted(os.listdir(d))
+    check(names == ["00-mem.img", "device-state.bin", "vm.json"], names)
+    for name in names:
+        mode = os.stat(os.path.join(d, name)).st_mode & 0o777
+        check(mode == 0o600, f"{name} has mode {mode:o}")
+    check(files_equal(SRC_IMG, os.path.join(d, "00-mem.img")), "parked RAM differs")
+
+
+@test
+def test_record_of_wrong_types_refused():
+    cases = [
+        ("format", lambda r: r.update(format=5), "is not a parked VM record"),
+        ("version", lambda r: r.update(version="1"), "record version \"1\" is not supported"),
+        ("machine", lambda r: r.update({"machine-type": 5}), "'machine-type' must be a string"),
+        ("section", lambda r: r.update({"ram-section-id": -1}), "'ram-section-id' must be"),
+        ("section-big", lambda r: r.update({"ram-section-id": 1 << 40}), "'ram-section-id' must"),
+        ("blocks", lambda r: r.update(blocks="x"), "'blocks' must be an array"),
+        ("block", lambda r: r.update(blocks=[5]), "each block needs"),
+        ("idstr", lambda r: r["blocks"][0].update(idstr=5), "each block needs"),
+        ("size", lambda r: r["blocks"][0].update(size="1"), "each block needs"),
+        ("odd-size", lambda r: r["blocks"][0].update(size=4095), "whole pages"),
+        ("uuid", lambda r: r.update(uuid=5), "'uuid' must be a UUID string"),
+        ("ds-bytes", lambda r: r.update({"device-state-bytes": "x"}), "must be a number"),
+        ("ds-other", lambda r: r.update({"device-state-bytes": 7}), "the record says 7"),
+    ]
+    for tag, fn, want in cases:
+        source_start(edit_record(tag, fn), want)
+    bad = copy_parked("not-json")
+    with open(os.path.join(bad, "vm.json"), "w") as f:
+        f.write('{"format": "qmigd-parked-vm", ')
+    source_start(bad, "is not a parked VM record")
+
+
+@test
+def test_side_files_that_are_not_files_refused():
+    big = copy_parked("huge-ds")
+    os.truncate(os.path.join(big, "device-state.bin"), 100 << 30)  # sparse: 100 GiB
+    source_start(big, "is larger than")
+    fifo = copy_parked("fifo-ds")
+    os.unlink(os.path.join(fifo, "device-state.bin"))
+    os.mkfifo(os.path.join(fifo, "device-state.bin"))
+    source_start(fifo, "is not a regular file")
+    zero = copy_parked("zero-ds")
+    os.unlink(os.path.join(zero, "device-state.bin"))
+    os.symlink("/dev/zero", os.path.join(zero, "device-state.bin"))
+    source_start(zero, "is a symbolic link")
+    rec = copy_parked("link-rec")
+    os.rename(os.path.join(rec, "vm.json"), os.path.join(rec, "real.json"))
+    os.symlink("real.json", os.path.join(rec, "vm.json"))
+    source_start(rec, "is a symbolic link")
+    img = copy_parked("link-img")
+    os.rename(os.path.join(img, "00-mem.img"), os.path.join(img, "elsewhere"))
+    os.symlink("elsewhere", os.path.join(img, "00-mem.img"))
+    source_start(img, "is not a regular file")
+    fimg = copy_parked("fifo-img")
+    os.unlink(os.path.join(fimg, "00-mem.img"))
+    os.mkfifo(os.path.join(fimg, "00-mem.img"))
+    source_start(fimg, "is not a regular file")
+
+
+@test
+def test_links_planted_where_a_park_writes_are_not_followed():
+    d = new_dir("planted")
+    victims = {}
+    for name in ("00-mem.img", "device-state.bin.tmp", "vm.json.tmp", "device-state.bin"):
+        victim = os.path.join(WORK, unique_name("victim"))
+        with open(victim, "wb") as f:
+            f.write(b"precious")
+        os.symlink(victim, os.path.join(d, name))
+        victims[name] = victim
+    park(d, "planted")
+    for name, victim in victims.items():
+        with open(victim, "rb") as f:
+            check(f.read() == b"precious", f"the park wrote through the link {name}")
+    check(not any(os.path.islink(os.path.join(d, n)) for n in os.listdir(d)), os.listdir(d))
+    check(not any(n.endswith(".tmp") for n in os.listdir(d)), os.listdir(d))
+    resume_to_qemu(d, "planted")
+
+
+@test
+def test_longest_block_name_parks():
+    name = "m" + "x" * 254  # QEMU takes an idstr of up to 255 bytes
+    d = new_dir("long")
+    info = park(d, "long", name=name)
+    check(info["parked"]["blocks"][0]["id"] == name, info["parked"])
+    files = [n for n in os.listdir(d) if n.endswith(".img")]
+    check(len(files) == 1 and len(files[0]) <= 255, files)
+    src = Peer("qmigd", "source", [], "long-src", extra=["--ram-dir", d])
+    img = os.path.join(WORK, unique_name("long") + ".ram")
+    dst = qemu_guest("long-dst", name, img, role="dest")
+    try:
+        migrate(src, dst, False, 1, "legacy")
+        check(files_equal(SRC_IMG, img), "RAM differs after a resume with a long block name")
+    finally:
+        src.stop()
+        dst.stop()
+        remove(img)
+
+
+@test
+def test_resume_from_a_read_only_directory_twice_at_once():
+    d = copy_parked("ro")
+    ro = new_dir("ro-mount")
+    if subprocess.run(["mount", "--bind", d, ro]).returncode != 0:
+        skip("cannot bind-mount (not root?)")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", ro], check=True)
+        before = snapshot(ro)
+        pairs = []
+        try:
+            for i in range(2):
+                img = os.path.join(WORK, unique_name(f"ro{i}") + ".ram")
+                src = Peer("qmigd", "source", [], f"ro{i}-src", extra=["--ram-dir", ro])
+                dst = qemu_guest(f"ro{i}-dst", path=img, role="dest")
+                pairs.append((src, dst, img))
+            for src, dst, _ in pairs:
+                src.set_migration(False)
+                dst.set_migration(False)
+                port = start_incoming(dst)
+                src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+            for src, dst, img in pairs:
+                wait_status(src, ("completed",), 60)
+                wait_status(dst, ("completed",), 60)
+                check(files_equal(SRC_IMG, img), "a resume from the read-only copy differs")
+        finally:
+            for src, dst, img in pairs:
+                src.stop()
+                dst.stop()
+                remove(img)
+        check(snapshot(ro) == before, "resuming changed the directory")
+    finally:
+        subprocess.run(["umount", ro])
+
+
+STRACE = shutil.which("strace")
+
+
+def traced(tag):
+    if not STRACE:
+        skip("strace is not installed")
+    out = log_file(unique_name(tag), ".strace")
+    return out, [STRACE, "-f", "-y", "-s", "120", "-o", out,
+                 "-e", "trace=fsync,fdatasync,rename,renameat,renameat2,write"]
+
+
+def events_in(trace):
+    """(kind, detail) in the order the daemon's calls returned (a sync that
+    strace shows unfinished counts where it resumed)."""
+    out, pending = [], {}
+    with open(trace) as f:
+        for line in f:
+            pid = line.split(" ", 1)[0]
+            m = re.search(r"(?:fsync|fdatasync)\(\d+<([^>]*)>", line)
+            if m and "<unfinished" in line:
+                pending[pid] = m.group(1)
+                continue
+            if m and re.search(r"\)\s+= 0", line):
+                out.append(("sync", m.group(1)))
+                continue
+            if re.search(r"<\.\.\. f(?:data)?sync resumed>.*= 0", line) and pid in pending:
+                out.append(("sync", pending.pop(pid)))
+                continue
+            m = re.search(r"rename(?:at2?)?\(.*\"([^\"]+)\", .*\"([^\"]+)\".*\)\s+= 0", line)
+            if m:
+                out.append(("rename", os.path.basename(m.group(2))))
+                continue
+            if re.search(r"migration:? completed", line):
+                out.append(("completed", ""))
+    return out
+
+
+@test
+def test_park_is_durable_before_completed():
+    d = new_dir("durable")
+    trace, wrap = traced("park")
+    park(d, "durable", wrap=wrap)
+    ev = events_in(trace)
+    def first(kind, detail):
+        i = next((i for i, e in enumerate(ev) if e[0] == kind and e[1].endswith(detail)), None)
+        check(i is not None, f"no {kind} of {detail} in {ev}")
+        return i
+    img_sync = first("sync", "/00-mem.img")
+    ds_sync = first("sync", "/device-state.bin.tmp")
+    ds_rename = first("rename", "device-state.bin")
+    rec_sync = first("sync", "/vm.json.tmp")
+    rec_rename = first("rename", "vm.json")
+    dir_syncs = [i for i, e in enumerate(ev) if e == ("sync", d)]
+    done = first("completed", "")
+    check(img_sync < ds_rename and ds_sync < ds_rename, ev)
+    check(any(ds_rename < i < rec_rename for i in dir_syncs), f"no directory sync before vm.json: {ev}")
+    check(rec_sync < rec_rename, ev)
+    check(any(rec_rename < i < done for i in dir_syncs), f"no directory sync after vm.json: {ev}")
+
+
+@test
+def test_file_save_is_durable_before_completed():
+    for mapped, direct in ((False, False), (True, False), (True, True)):
+        path = os.path.join("/var/tmp", unique_name("save") + ".mig")
+        trace, wrap = traced("save")
+        img = os.path.join(WORK, unique_name("save") + ".ram")
+        shutil.copyfile(SRC_IMG, img)
+        src = Peer("qmigd", "source", [("mem", img, SIZE)], "save-src", wrap=wrap)
+        try:
+            src.set_migration(mapped, 2, mapped_ram=mapped,
+                              extra_params={"direct-io": direct} if mapped else None)
+            src.qmp.cmd("migrate", uri=f"file:{path}")
+            wait_status(src, ("completed",), 60)
+        finally:
+            src.stop()
+            remove(img, path)
+        ev = events_in(trace)
+        syncs = [i for i, e in enumerate(ev) if e[0] == "sync" and e[1] == path]
+        done = [i for i, e in enumerate(ev) if e[0] == "completed"]
+        check(syncs and done and syncs[0] < done[0], (mapped, direct, ev))
+
+
+def kill_park_at(d, delay, bandwidth):
+    guest = qemu_guest("kill-guest")
+    dst = Peer("qmigd", "dest", [], "kill-park", extra=["--ram-dir", d])
+    try:
+        guest.set_migration(False, max_bandwidth=bandwidth)
+        dst.set_migration(False)
+        port = start_incoming(dst)
+        guest.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+        time.sleep(delay)
+        dst.proc.send_signal(signal.SIGKILL)
+        dst.proc.wait(10)
+    finally:
+        dst.stop()
+        guest.stop()
+
+
+@test
+def test_kill_9_at_random_points_of_a_park():
+    """A park killed at any moment leaves no vm.json, or a whole parked VM
+    (it resumes, byte for byte); either way the directory parks again."""
+    rng = random.Random(int(os.environ.get("QMIGD_KILL_SEED", "23")))
+    d = new_dir("killed")
+    outcomes = {"none": 0, "whole": 0}
+    for _ in range(10):
+        # 64 MiB of mixed content at 32 MiB/s: about 1 s of stream, then
+        # the syncs and renames.
+        kill_park_at(d, rng.uniform(0.0, 1.5), 32 * MiB)
+        if os.path.exists(os.path.join(d, "vm.json")):
+            outcomes["whole"] += 1
+            resume_to_qemu(d, "after-kill")
+            shutil.rmtree(d)
+            os.mkdir(d)
+        else:
+            outcomes["none"] += 1
+    print(f"  10 parks killed: {outcomes['none']} left no vm.json, {outcomes['whole']} a whole VM")
+    park(d, "after-kills")
+    resume_to_qemu(d, "after-kills")
+
+
+@test
+def test_zz_cleanup():
+    shutil.rmtree(WORK, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
