@@ -101,12 +101,12 @@ IncomingMigration::IncomingMigration(uv_loop_t *loop, LoopDispatcher &dispatcher
 
 IncomingMigration::~IncomingMigration()
 {
+    if (child_) {
+        child_->kill_now(); // the daemon quits: so does the command, all of it
+    }
     if (load_thread_.joinable()) {
         abort_with(Error("daemon shutting down"));
         load_thread_.join();
-    }
-    if (child_) {
-        child_->terminate(); // the daemon quits: so does a command still running
     }
     cleanup_channels();
 }

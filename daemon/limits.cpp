@@ -3,6 +3,8 @@
 #include <arpa/inet.h>
 #include <chrono>
 #include <cstring>
+#include <csetjmp>
+#include <csignal>
 #include <fcntl.h>
 #include <memory>
 #include <netinet/in.h>
@@ -20,6 +22,7 @@
 #include "ramstate/backing.h"
 #include "ramstate/page_path.h"
 #include "ramstate/populate.h"
+#include "ramstate/scratch_file.h"
 #include "ramstate/zero_page.h"
 
 namespace qmigd {
@@ -74,47 +77,59 @@ double memcpy_gbps(size_t bytes)
     return b[bytes / 2] == 1 ? 3.0 * double(bytes) / s / 1e9 : 0;
 }
 
-struct ScratchFile {
-    std::string path;
-    int fd;
-    ScratchFile(const std::string &dir, size_t bytes)
-        : path(fmt::format("{}/.qmigd-limits-{}", dir, getpid())),
-          fd(::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600))
-    {
-        if (fd >= 0 && ftruncate(fd, off_t(bytes)) < 0) {
-            ::close(fd);
-            fd = -1;
-        }
+// First write into each page of a fresh shared mapping of a fresh file:
+// what a receiver that writes through the mapping pays per page.
+// The fault pass writes into a mapping of a file the file system may have
+// no room for (a small tmpfs, too few huge pages): the kernel answers such
+// a write with SIGBUS. The pass catches it and reports -1 instead.
+// volatile: the store must be made before the loop, which the compiler
+// could otherwise sink past it (the handler then saw nullptr).
+thread_local sigjmp_buf *volatile t_sigbus_jump = nullptr;
+
+void on_sigbus(int sig)
+{
+    if (t_sigbus_jump) {
+        siglongjmp(*t_sigbus_jump, 1);
     }
-    ~ScratchFile()
-    {
-        if (fd >= 0) {
-            ::close(fd);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+// Writes one byte into each page of m; false if the file system ran out.
+bool touch_pages(uint8_t *m, size_t bytes)
+{
+    struct sigaction sa {}, old {};
+    sa.sa_handler = on_sigbus;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &old);
+    sigjmp_buf jump;
+    bool ok = false;
+    if (sigsetjmp(jump, 1) == 0) {
+        t_sigbus_jump = &jump;
+        for (size_t o = 0; o < bytes; o += TARGET_PAGE_SIZE) {
+            static_cast<volatile uint8_t *>(m)[o] = 1;
         }
-        unlink(path.c_str());
+        ok = true;
     }
-};
+    t_sigbus_jump = nullptr;
+    sigaction(SIGBUS, &old, nullptr);
+    return ok;
+}
 
 // First write into each page of a fresh shared mapping of a fresh file:
 // what a receiver that writes through the mapping pays per page.
 double fault_pass_ns(const std::string &dir, size_t bytes)
 {
-    ScratchFile f(dir, bytes);
-    if (f.fd < 0) {
+    ScratchFile f(dir, "limits", bytes);
+    uint8_t *m = f.ok() ? f.map(PROT_READ | PROT_WRITE) : nullptr;
+    if (!m) {
         return -1;
     }
-    void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
-    if (p == MAP_FAILED) {
-        return -1;
-    }
-    auto *m = static_cast<uint8_t *>(p);
     auto t0 = Clock::now();
-    for (size_t o = 0; o < bytes; o += TARGET_PAGE_SIZE) {
-        m[o] = 1;
-    }
+    bool ok = touch_pages(m, bytes);
     double s = seconds_since(t0);
-    munmap(p, bytes);
-    return s * 1e9 / double(bytes / TARGET_PAGE_SIZE);
+    munmap(m, bytes);
+    return ok ? s * 1e9 / double(bytes / TARGET_PAGE_SIZE) : -1;
 }
 
 // The first of a few passes, and the least. On a paravirtualised host the
@@ -144,15 +159,15 @@ FaultCosts fault_ns_per_page(const std::string &dir, size_t bytes)
 
 double pwrite_gbps(const std::string &dir, size_t bytes)
 {
-    ScratchFile f(dir, bytes);
+    ScratchFile f(dir, "limits", bytes);
     auto src = buffer(512 * 1024, 3);
     auto t0 = Clock::now();
-    for (size_t o = 0; f.fd >= 0 && o < bytes; o += 512 * 1024) {
-        if (pwrite(f.fd, src.get(), 512 * 1024, off_t(o)) != 512 * 1024) {
+    for (size_t o = 0; f.ok() && o < bytes; o += 512 * 1024) {
+        if (pwrite(f.fd(), src.get(), 512 * 1024, off_t(o)) != 512 * 1024) {
             return -1;
         }
     }
-    return f.fd < 0 ? -1 : double(bytes) / seconds_since(t0) / 1e9;
+    return f.ok() ? double(bytes) / seconds_since(t0) / 1e9 : -1;
 }
 
 // Where a loopback TCP test's streams write from and read into: either one
@@ -165,13 +180,11 @@ public:
     // would die of SIGBUS (a full tmpfs, too few huge pages): ok() says.
     TcpMemory(const std::string &dir, size_t bytes) : bytes_(bytes)
     {
-        ScratchFile f(dir, bytes);
-        void *p = f.fd < 0 ? MAP_FAILED
-                           : mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
-        if (p == MAP_FAILED) {
+        ScratchFile f(dir, "limits", bytes);
+        base_ = f.ok() ? f.map(PROT_READ | PROT_WRITE) : nullptr;
+        if (!base_) {
             return;
         }
-        base_ = static_cast<uint8_t *>(p);
         // Faults are fault_ns_per_page's, not TCP's.
         ok_ = madvise(base_, bytes, MADV_POPULATE_WRITE) == 0;
     }
@@ -289,10 +302,10 @@ nlohmann::json measure_limits(const std::string &dir)
 {
     nlohmann::json j;
     j["dir"] = dir;
-    ScratchFile probe(dir, 0);
+    ScratchFile probe(dir, "limits", 0);
     Backing b;
-    if (probe.fd >= 0) {
-        if (auto r = backing_of(probe.fd, probe.path); r.ok()) {
+    if (probe.ok()) {
+        if (auto r = backing_of(probe.fd(), probe.path()); r.ok()) {
             b = *r;
         }
     }

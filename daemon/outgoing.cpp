@@ -29,12 +29,12 @@ OutgoingMigration::~OutgoingMigration()
     if (connect_) {
         connect_->cancel(); // its callback would use this object
     }
+    if (child_) {
+        child_->kill_now(); // the daemon quits: so does the command, all of it
+    }
     if (thread_.joinable()) {
         cancel();
         thread_.join();
-    }
-    if (child_) {
-        child_->terminate(); // the daemon quits: so does a command still running
     }
 }
 

@@ -17,6 +17,7 @@
 
 #include "protocol/qemu_format.h"
 #include "ramstate/populate.h"
+#include "ramstate/scratch_file.h"
 #include "ramstate/zero_page.h"
 
 
@@ -45,35 +46,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr size_t kChunk = 512 * 1024; // one multifd packet of pages
-
-// A scratch file that removes itself.
-struct Scratch {
-    std::string path;
-    int fd = -1;
-    size_t bytes = 0;
-    Scratch(const std::string &dir, const char *tag, size_t n) : bytes(n)
-    {
-        path = fmt::format("{}/.qmigd-calibrate-{}-{}", dir, getpid(), tag);
-        fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-        if (fd >= 0 && ftruncate(fd, off_t(n)) < 0) {
-            ::close(fd);
-            fd = -1;
-        }
-    }
-    ~Scratch()
-    {
-        if (fd >= 0) {
-            ::close(fd);
-            unlink(path.c_str());
-        }
-    }
-    bool ok() const { return fd >= 0; }
-    uint8_t *map(int prot) const
-    {
-        void *p = mmap(nullptr, bytes, prot, MAP_SHARED, fd, 0);
-        return p == MAP_FAILED ? nullptr : static_cast<uint8_t *>(p);
-    }
-};
 
 double ns_per_page(Clock::time_point t0, size_t bytes)
 {
@@ -123,43 +95,43 @@ double concurrent_fill(size_t bytes, unsigned writers, Fill fill)
 }
 
 // Fills `s` through a fresh mapping; returns ns/page, or -1.
-double mapped_fill(const Scratch &s, const uint8_t *src, unsigned writers)
+double mapped_fill(const ScratchFile &s, const uint8_t *src, unsigned writers)
 {
     uint8_t *m = s.map(PROT_READ | PROT_WRITE);
     if (!m) {
         return -1;
     }
-    double ns = concurrent_fill(s.bytes, writers, [&](size_t o) {
+    double ns = concurrent_fill(s.bytes(), writers, [&](size_t o) {
         if (madvise(m + o, kChunk, MADV_POPULATE_WRITE) != 0) {
             return false;
         }
         std::memcpy(m + o, src, kChunk);
         return true;
     });
-    munmap(m, s.bytes);
+    munmap(m, s.bytes());
     return ns;
 }
 
-double pwrite_fill(const Scratch &s, const uint8_t *src, unsigned writers)
+double pwrite_fill(const ScratchFile &s, const uint8_t *src, unsigned writers)
 {
-    return concurrent_fill(s.bytes, writers, [&](size_t o) {
-        return pwrite(s.fd, src, kChunk, off_t(o)) == ssize_t(kChunk);
+    return concurrent_fill(s.bytes(), writers, [&](size_t o) {
+        return pwrite(s.fd(), src, kChunk, off_t(o)) == ssize_t(kChunk);
     });
 }
 
-double pread_scan(const Scratch &s, uint8_t *buf, size_t *sink)
+double pread_scan(const ScratchFile &s, uint8_t *buf, size_t *sink)
 {
     auto t0 = Clock::now();
-    for (size_t o = 0; o < s.bytes; o += kChunk) {
-        if (pread(s.fd, buf, kChunk, off_t(o)) != ssize_t(kChunk)) {
+    for (size_t o = 0; o < s.bytes(); o += kChunk) {
+        if (pread(s.fd(), buf, kChunk, off_t(o)) != ssize_t(kChunk)) {
             return -1;
         }
         *sink += count_zero_pages(buf, kChunk);
     }
-    return ns_per_page(t0, s.bytes);
+    return ns_per_page(t0, s.bytes());
 }
 
-double mapped_scan(const Scratch &s, size_t *sink)
+double mapped_scan(const ScratchFile &s, size_t *sink)
 {
     uint8_t *m = s.map(PROT_READ);
     if (!m) {
@@ -167,12 +139,12 @@ double mapped_scan(const Scratch &s, size_t *sink)
     }
     auto t0 = Clock::now();
     bool ok = true;
-    for (size_t o = 0; o < s.bytes && ok; o += kChunk) {
+    for (size_t o = 0; o < s.bytes() && ok; o += kChunk) {
         ok = madvise(m + o, kChunk, MADV_POPULATE_READ) == 0;
         *sink += ok ? count_zero_pages(m + o, kChunk) : 0;
     }
-    double ns = ok ? ns_per_page(t0, s.bytes) : -1;
-    munmap(m, s.bytes);
+    double ns = ok ? ns_per_page(t0, s.bytes()) : -1;
+    munmap(m, s.bytes());
     return ns;
 }
 
@@ -195,17 +167,17 @@ PagePathCosts measure_page_paths(const std::string &dir, const Backing &backing,
     // migration has at least as many channels as that, usually).
     unsigned writers = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
     for (int round = 0; round < 2; round++) {
-        Scratch mapped(dir, "m", bytes);
+        ScratchFile mapped(dir, "calibrate-m", bytes);
         if (mapped.ok()) {
             c.map_write_ns = best(c.map_write_ns, mapped_fill(mapped, src.get(), writers));
         }
-        Scratch filed(dir, "f", bytes);
+        ScratchFile filed(dir, "calibrate-f", bytes);
         bool pwrite_ok = filed.ok() && backing.can_pwrite();
         if (pwrite_ok) {
             c.pwrite_ns = best(c.pwrite_ns, pwrite_fill(filed, src.get(), writers));
         }
         // Read costs on whichever file holds data, through fresh views of it.
-        const Scratch &full = pwrite_ok ? filed : mapped;
+        const ScratchFile &full = pwrite_ok ? filed : mapped;
         if (pwrite_ok || c.map_write_ns >= 0) {
             c.pread_ns = best(c.pread_ns, pread_scan(full, src.get(), &sink));
             c.map_read_ns = best(c.map_read_ns, mapped_scan(full, &sink));

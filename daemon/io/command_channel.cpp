@@ -1,6 +1,8 @@
 #include "daemon/io/command_channel.h"
 
 #include <cerrno>
+#include <chrono>
+#include <thread>
 #include <csignal>
 #include <cstring>
 #include <fcntl.h>
@@ -67,6 +69,9 @@ Result<std::shared_ptr<CommandChild>> CommandChild::spawn(uv_loop_t *loop,
     opt.exit_cb = on_exit;
     opt.stdio = stdio;
     opt.stdio_count = 3;
+    // setsid(): the command leads a process group of its own, which
+    // terminate() can end whole (a shell's children are not the shell).
+    opt.flags = UV_PROCESS_DETACHED;
 
     std::shared_ptr<CommandChild> child(new CommandChild);
     child->command_ = command;
@@ -85,6 +90,7 @@ Result<std::shared_ptr<CommandChild>> CommandChild::spawn(uv_loop_t *loop,
         return Error(fmt::format("cannot run exec:{}: {}", command, uv_strerror(rc)));
     }
     child->pid_ = proc->pid;
+    child->pgid_ = proc->pid;
     spdlog::info("exec: started '{}' (pid {})", command, proc->pid);
     *fd = ours;
     return child;
@@ -95,6 +101,9 @@ void CommandChild::on_exit(uv_process_t *p, int64_t status, int signal)
     auto *data = static_cast<ProcData *>(p->data);
     CommandChild &self = *data->child;
     self.pid_ = 0;
+    if (self.terminating_) {
+        self.signal_group(SIGKILL); // whatever of it outlived the shell
+    }
     if (status != 0 || signal != 0) {
         spdlog::warn("exec: '{}' ended with {} {}", self.command_,
                      signal ? "signal" : "exit status", signal ? signal : status);
@@ -105,13 +114,41 @@ void CommandChild::on_exit(uv_process_t *p, int64_t status, int signal)
     });
 }
 
+void CommandChild::signal_group(int sig) const
+{
+    if (pgid_ > 0) {
+        ::kill(-pgid_, sig);
+    }
+}
+
 void CommandChild::terminate()
 {
-    // Until libuv reaps the child its number cannot be reused; the only
-    // window is between libuv's waitpid() and on_exit() clearing pid_, a
-    // few instructions on the loop thread.
-    if (pid_t pid = pid_.load(); pid > 0) {
-        ::kill(pid, SIGTERM);
+    // Until libuv reaps the child its number, and so its group's, cannot
+    // be reused; the only window is between libuv's waitpid() and on_exit()
+    // clearing pid_, a few instructions on the loop thread.
+    if (pid_.load() <= 0 || terminating_.exchange(true)) {
+        return;
+    }
+    signal_group(SIGTERM);
+    // A command that ignores SIGTERM would hold its pipe, and so the
+    // migration thread, forever.
+    std::thread([self = shared_from_this()] {
+        for (int waited = 0; waited < kGraceMs && self->pid_.load() > 0; waited += 50) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        if (self->pid_.load() > 0) {
+            spdlog::warn("exec: '{}' ignored SIGTERM for {} ms: killed", self->command_,
+                         kGraceMs);
+            self->signal_group(SIGKILL);
+        }
+    }).detach();
+}
+
+void CommandChild::kill_now()
+{
+    if (pid_.load() > 0) {
+        signal_group(SIGTERM);
+        signal_group(SIGKILL);
     }
 }
 

@@ -20,7 +20,7 @@
 
 namespace qmigd {
 
-class CommandChild {
+class CommandChild : public std::enable_shared_from_this<CommandChild> {
 public:
     enum class Direction { ToChild, FromChild, Both };
 
@@ -32,19 +32,31 @@ public:
                                                        const std::vector<std::string> &argv,
                                                        Direction dir, int *fd);
 
-    // Ends a child that still runs (SIGTERM), for a failed or cancelled
-    // migration: a blocked write or read on its pipe then returns. A child
-    // that exits by itself is reaped on the loop and its exit logged if it
-    // failed. Any thread.
+    // Ends the whole command, for a failed or cancelled migration: SIGTERM
+    // to its process group (the shell and whatever it started: `a | b`,
+    // `a && b`), SIGKILL to what is left of the group once the shell is
+    // reaped, and to all of it if the shell still runs kGrace later (it
+    // ignored SIGTERM). A blocked write or read on its pipe then returns.
+    // A child that exits by itself is reaped on the loop and its exit
+    // logged if it failed. Any thread.
     void terminate();
+    // The daemon quits: SIGTERM, then SIGKILL to the group at once, so no
+    // part of the command outlives the daemon. Any thread.
+    void kill_now();
+
+    static constexpr int kGraceMs = 3000;
 
 private:
     static void on_exit(uv_process_t *p, int64_t status, int signal);
+    void signal_group(int sig) const;
 
     std::string command_;
-    // Set at spawn, 0 once the loop has seen the child exit; read by any
-    // thread (terminate).
+    // Set at spawn (the child leads a process group of its own, with its
+    // pid as the group's id), 0 once the loop has reaped it; read by any
+    // thread. While it is not 0 the id cannot be reused.
     std::atomic<pid_t> pid_{0};
+    pid_t pgid_ = 0; // set at spawn, then read-only
+    std::atomic<bool> terminating_{false};
 };
 
 } // namespace qmigd

@@ -3,20 +3,41 @@
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
 
 namespace qmigd {
 
+// O_NONBLOCK for the open alone: opening a FIFO blocks until its other
+// end opens, and this runs on the loop thread, which serves every monitor
+// client. The data path blocks (the flag is cleared again).
 Result<int> file_channel_open(const MigrationAddress &a, bool for_write)
 {
     int flags = for_write ? O_CREAT | O_WRONLY | O_TRUNC : O_RDONLY;
-    int fd = ::open(a.filename.c_str(), flags | O_CLOEXEC, 0600);
+    int fd = ::open(a.filename.c_str(), flags | O_CLOEXEC | O_NONBLOCK, 0600);
+    if (fd < 0 && errno == ENXIO) {
+        errno = EPIPE; // a FIFO nobody reads: said below as a FIFO
+    }
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode)) {
+        ::close(fd);
+        fd = -1;
+        errno = EPIPE;
+    }
+    if (fd < 0 && errno == EPIPE) {
+        // A pipe can neither be cancelled (no shutdown) nor be waited for
+        // without blocking: exec: does it with a process to end.
+        return Error(fmt::format("'{}' is a FIFO: file: needs a regular file (exec:cat {} '{}' "
+                                 "streams through a pipe)",
+                                 a.filename, for_write ? ">" : "<", a.filename));
+    }
     if (fd < 0) {
         return Error(fmt::format("Could not {} '{}': {}", for_write ? "create" : "open",
                                  a.filename, std::strerror(errno)));
     }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     if (a.offset && ::lseek(fd, off_t(a.offset), SEEK_SET) < 0) {
         int err = errno;
         ::close(fd);

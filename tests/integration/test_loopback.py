@@ -6,7 +6,7 @@ import os
 import re
 import subprocess
 
-from itest import test, main, check
+from itest import test, main, check, skip
 from fixtures import run_cell, MiB
 from fixtures import images, peers, begin, good_run
 from runner import wait_status, QMIGD
@@ -73,11 +73,46 @@ def test_limits_reports_this_machine():
         check(lim.get(key, -1) > 0, f"{key}: {lim.get(key)}")
     check(lim["fault_ns_per_page"] <= lim["fault_fresh_ns_per_page"], lim)
     check("tmpfs" in lim["backing"], lim["backing"])
-    check(not [n for n in os.listdir("/dev/shm") if n.startswith(".qmigd-limits-")],
+    check(not [n for n in os.listdir("/dev/shm") if n.startswith(".qmigd-")],
           "scratch files left in /dev/shm")
     bad = subprocess.run([QMIGD, "limits", "--dir", "/nonexistent/qmigd"], capture_output=True,
                          text=True, timeout=30)
     check(bad.returncode != 0 and "/nonexistent/qmigd" in bad.stderr, bad.stderr)
+
+
+@test
+def test_limits_on_a_small_tmpfs_and_planted_links():
+    """On a 16 MiB tmpfs the 64 MiB fault pass cannot be backed: -1, not
+    SIGBUS. Links planted at the scratch names qmigd used to take (its pid
+    was the only unknown) are neither followed nor touched."""
+    import tempfile
+    mnt = tempfile.mkdtemp(prefix="qmigd-small-")
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", mnt]).returncode:
+        os.rmdir(mnt)
+        skip("cannot mount a tmpfs (not root?)")
+    victim = os.path.join(mnt, "victim")
+    try:
+        with open(victim, "wb") as f:
+            f.write(b"precious")
+        with open("/proc/sys/kernel/ns_last_pid") as f:
+            last = int(f.read())
+        for pid in range(last + 1, last + 200):
+            os.symlink(victim, os.path.join(mnt, f".qmigd-limits-{pid}"))
+        r = subprocess.run([QMIGD, "limits", "--dir", mnt], capture_output=True, text=True,
+                           timeout=300)
+        check(r.returncode == 0, f"qmigd limits on a small tmpfs: {r.returncode} {r.stderr[-500:]}")
+        lim = json.loads(r.stdout)
+        check(lim["fault_ns_per_page"] == -1 and lim["fault_fresh_ns_per_page"] == -1, lim)
+        check(lim["tcp_loopback_gbps"] == -1, lim)  # 256 MiB of it cannot be had either
+        check(lim["zero_scan_gbps"] > 0, lim)
+        with open(victim, "rb") as f:
+            check(f.read() == b"precious", "a planted link was followed")
+        left = [n for n in os.listdir(mnt) if n.startswith(".qmigd-") and
+                not os.path.islink(os.path.join(mnt, n))]
+        check(not left, f"scratch files left: {left}")
+    finally:
+        subprocess.run(["umount", mnt])
+        os.rmdir(mnt)
 
 
 if __name__ == "__main__":

@@ -309,6 +309,109 @@ def test_exec_command_that_fails():
         good_run(src, imgs, dst)
 
 
+def command_group(tag, timeout=10):
+    """The process group of the exec: command whose text holds `tag`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if tag.encode() in f.read():
+                        with open(f"/proc/{pid}/stat") as st:
+                            return int(st.read().rsplit(")", 1)[1].split()[2])
+            except OSError:
+                pass
+        time.sleep(0.05)
+    raise AssertionError(f"no process runs the command tagged {tag}")
+
+
+def group_members(pgid):
+    """Live (not zombie) processes of process group pgid."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as st:
+                fields = st.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(pid))
+    return out
+
+
+def wait_group_gone(pgid, timeout):
+    deadline = time.monotonic() + timeout
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return group_members(pgid)
+
+
+# A command that never reads or writes its pipe and has a child of its
+# own; with ignore_term its shell also ignores SIGTERM.
+def stuck_command(tag, ignore_term):
+    trap = "trap '' TERM; " if ignore_term else ""
+    return f"{trap}sleep 300 & sleep 300; wait; : {tag}"
+
+
+@test
+def test_exec_cancel_and_quit_end_the_whole_command():
+    """migrate_cancel and quit end the command's whole process group (its
+    shell and the shell's children), also when the shell ignores SIGTERM,
+    in both roles, within a few seconds; the daemon goes on after a cancel."""
+    for role in ("source", "dest"):
+        for ignore_term in (False, True):
+            for how in ("cancel", "quit"):
+                tag = unique_name(f"exec-{role}-{how}")
+                with images(32 * MiB, "mixed") as imgs, peers("qmigd", "qmigd", imgs) as (s, d):
+                    p = s if role == "source" else d
+                    p.set_migration(False)
+                    uri = "exec:" + stuck_command(tag, ignore_term)
+                    p.qmp.cmd("migrate" if role == "source" else "migrate-incoming", uri=uri)
+                    pgid = command_group(tag)
+                    deadline = time.monotonic() + 10  # the shell starts its two sleeps
+                    while len(group_members(pgid)) < 3 and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                    check(len(group_members(pgid)) == 3, group_members(pgid))
+                    t0 = time.monotonic()
+                    if how == "cancel":
+                        p.qmp.cmd("migrate_cancel")
+                        wait_status(p, ("cancelled",), timeout=10, fail_on=("completed",))
+                    else:
+                        p.qmp.execute("quit")
+                        p.proc.wait(timeout=10)
+                    left = wait_group_gone(pgid, 6)
+                    took = time.monotonic() - t0
+                    check(not left, f"{role} {how} (ignore TERM {ignore_term}): {left} still run")
+                    check(took < 6, f"{role} {how} took {took:.1f} s")
+                    if how == "cancel":
+                        check("return" in p.qmp.execute("query-status"))
+
+
+@test
+def test_file_on_a_fifo_refused_at_once():
+    """file: on a FIFO with nobody at its other end: refused at once with a
+    clear error, in both roles, while a second monitor client is served
+    (opening the FIFO used to block the loop, and so every client)."""
+    fifo = f"/tmp/{unique_name('fifo')}"
+    os.mkfifo(fifo)
+    try:
+        with images(8 * MiB, "mixed") as imgs, peers("qmigd", "qmigd", imgs) as (s, d):
+            for p, cmd in ((s, "migrate"), (d, "migrate-incoming")):
+                p.set_migration(False)
+                t0 = time.monotonic()
+                try:
+                    p.qmp.cmd(cmd, uri=f"file:{fifo}")
+                    err = p.status().get("error-desc", "")
+                except QMPError as e:
+                    err = str(e)
+                check("is a FIFO" in err, (cmd, err))
+                check(time.monotonic() - t0 < 5, f"{cmd} took {time.monotonic() - t0:.1f} s")
+                check("return" in p.qmp.execute("query-status"))
+            good_run(s, imgs, d)
+    finally:
+        os.unlink(fifo)
+
+
 def main_channel(addr):
     return [{"channel-type": "main", "addr": addr}]
 
