@@ -1,5 +1,7 @@
 #include "daemon/daemon.h"
 
+#include <sys/resource.h>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -464,8 +466,21 @@ Status Daemon::open_ram()
     return {};
 }
 
+// The soft descriptor limit up to the hard one: a destination holds up to
+// a few hundred strangers' connections at once (their number is bounded,
+// daemon/io/socket_channels.h), beside its channels and monitor clients.
+static void raise_fd_limit()
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
 Status Daemon::start()
 {
+    raise_fd_limit();
     QMIGD_TRY(open_ram());
     for (const auto &spec : opts_.objects) {
         QMIGD_TRY(objects_.add_option(spec));

@@ -173,7 +173,8 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
         return {};
     }
     listener_ = std::make_unique<SocketListener>(
-        loop_, 4, [this](PendingConnection *c, const Error *e) { on_prefix(c, e); });
+        loop_, 4, [this](PendingConnection *c, const Error *e) { on_prefix(c, e); },
+        stranger_limits());
     QMIGD_TRY(listener_->listen(addr.socket));
     spdlog::info("incoming migration: listening on {} (multifd {}, {} channels, compression {})",
                  listener_->address().uri(), params.multifd ? "on" : "off", params.channels,
@@ -232,13 +233,9 @@ void IncomingMigration::cleanup_channels()
         listener_.reset();
     }
     generation_++;
-    for (int fd : tls_fds_) {
-        shutdown_fd(fd); // ends the handshake; tls_ready() closes it
+    if (handshakes_) {
+        handshakes_->close_all(); // their results still come: tls_ready() closes them
     }
-    for (auto &t : tls_threads_) {
-        t.join();
-    }
-    tls_threads_.clear();
     // An exec: command gets EOF or EPIPE from the close below and ends;
     // it is reaped on the loop whenever it does.
     child_.reset();
@@ -266,31 +263,49 @@ static bool is_main_channel(const std::vector<uint8_t> &prefix)
     return prefix.size() >= 4 && get_be32(prefix.data()) == QEMU_VM_FILE_MAGIC;
 }
 
+// How long a connection may take to identify itself, and how many may be
+// trying at once: a source sends its first bytes at once, over TLS after
+// a handshake of a few round trips; a dead link is detected no later.
+ListenerLimits IncomingMigration::stranger_limits() const
+{
+    ListenerLimits l;
+    if (params_.link_timeout_ms) {
+        l.identify_ms = std::min<uint64_t>(l.identify_ms, params_.link_timeout_ms);
+    }
+    return l;
+}
+
 void IncomingMigration::on_prefix(PendingConnection *c, const Error *err)
 {
-    if (status_ == MigrationStatus::Active) {
-        // Threads own the channels now: any further connection is a source
-        // opening more channels than we were configured for.
-        abort_with(Error(fmt::format("Extra incoming migration connection: the source opened "
-                                     "more channels than configured (multifd {}, {} channels)",
-                                     params_.multifd ? "on" : "off", params_.channels)));
-        if (c) {
-            c->close();
-        }
-        return;
-    }
-    if (status_ != MigrationStatus::Setup) {
+    bool active = status_ == MigrationStatus::Active;
+    if (!active && status_ != MigrationStatus::Setup) {
         if (c) {
             c->close();
         }
         return;
     }
     if (err) {
-        fail_setup(*err);
+        // Active: a stranger that went away (the channels are the threads').
+        if (!active) {
+            fail_setup(*err);
+        }
         return;
     }
     if (params_.tls.enabled()) {
         start_tls(c);
+        return;
+    }
+    if (active) {
+        auto prefix = c->prefix();
+        if (params_.multifd && get_be32(prefix.data()) == MULTIFD_MAGIC &&
+            prefix.size() < MULTIFD_INIT_SIZE) {
+            c->want(MULTIFD_INIT_SIZE); // a whole init message, or a stranger
+            return;
+        }
+        auto fd = c->take();
+        if (fd) {
+            extra_connection(prefix, *fd);
+        }
         return;
     }
     auto prefix = c->prefix();
@@ -306,8 +321,31 @@ void IncomingMigration::on_prefix(PendingConnection *c, const Error *err)
     adopt(std::move(prefix), *fd, nullptr);
 }
 
+void IncomingMigration::extra_connection(const std::vector<uint8_t> &prefix, int fd)
+{
+    ::close(fd);
+    // A multifd channel of this source: its init message is whole and
+    // carries our UUID (any channel id: a source with more channels than
+    // we expect is what this reports).
+    bool multifd_init = params_.multifd && prefix.size() >= MULTIFD_INIT_SIZE &&
+                        multifd_init_decode(prefix.data(), params_.uuid, 256).ok();
+    if (!is_main_channel(prefix) && !multifd_init) {
+        spdlog::info("incoming migration: closed a connection that is no migration channel");
+        return;
+    }
+    // Threads own the channels now: this is a source opening more
+    // channels than we were configured for.
+    abort_with(Error(fmt::format("Extra incoming migration connection: the source opened "
+                                 "more channels than configured (multifd {}, {} channels)",
+                                 params_.multifd ? "on" : "off", params_.channels)));
+}
+
 void IncomingMigration::adopt(std::vector<uint8_t> prefix, int fd, std::shared_ptr<TlsSession> tls)
 {
+    if (status_ == MigrationStatus::Active) {
+        extra_connection(prefix, fd);
+        return;
+    }
     if (!params_.multifd || is_main_channel(prefix)) {
         if (main_) {
             ::close(fd);
@@ -346,23 +384,15 @@ Status IncomingMigration::accept_multifd(const std::vector<uint8_t> &prefix, int
 }
 
 // The listener read a TLS ClientHello's first bytes: the connection goes
-// to a thread for the handshake, those bytes with it.
+// to a handshake thread, those bytes with it.
 void IncomingMigration::start_tls(PendingConnection *c)
 {
-    // A source opens 1 + channels connections; more handshakes at once than
-    // twice that are someone else's, and each would hold a thread.
-    size_t limit = 2 * (1 + (params_.multifd ? params_.channels : 0));
-    if (tls_fds_.size() >= limit) {
-        spdlog::warn("incoming migration: {} TLS handshakes in progress already, connection "
-                     "closed",
-                     tls_fds_.size());
-        c->close();
-        return;
-    }
     auto raw = c->prefix();
     auto fd = c->take();
     if (!fd) {
-        fail_setup(fd.error());
+        if (status_ == MigrationStatus::Setup) {
+            fail_setup(fd.error());
+        }
         return;
     }
     handshake_on_thread(*fd, std::move(raw));
@@ -371,77 +401,99 @@ void IncomingMigration::start_tls(PendingConnection *c)
 // `raw`: the bytes a listener read already (the ClientHello's first ones).
 void IncomingMigration::handshake_on_thread(int fd, std::vector<uint8_t> raw)
 {
-    tls_fds_.push_back(fd);
+    if (!handshakes_) {
+        // Each holds a thread: far fewer than plain connections. A source
+        // needs 1 + channels of them, each for a few milliseconds.
+        ListenerLimits l = stranger_limits();
+        l.max_pending = kMaxTlsHandshakes;
+        handshakes_ = std::make_unique<TlsHandshakes>(loop_, dispatcher_, l);
+    }
     uint64_t gen = generation_;
-    tls_threads_.emplace_back([this, gen, fd, raw = std::move(raw)] {
-        set_thread_name("mig/dst/tls");
-        tls_handshake_main(gen, fd, raw);
+    handshakes_->start(fd, [this, gen, fd, raw = std::move(raw)](TlsHandshakes::Heard &heard) {
+        std::shared_ptr<TlsSession> tls;
+        auto prefix = tls_identify(fd, raw, heard, &tls);
+        return TlsHandshakes::Then(
+            [this, gen, fd, prefix, tls](bool ended) { tls_ready(gen, fd, prefix, tls, ended); });
     });
 }
 
-void IncomingMigration::tls_handshake_main(uint64_t gen, int fd, std::vector<uint8_t> raw)
+// Handshake thread: the handshake, then the first decrypted bytes, which
+// say what the channel is: a main channel's magic, or a multifd init
+// message (64 bytes).
+Result<std::vector<uint8_t>> IncomingMigration::tls_identify(int fd, std::vector<uint8_t> raw,
+                                                             TlsHandshakes::Heard &heard,
+                                                             std::shared_ptr<TlsSession> *tls)
 {
-    auto t = TlsSession::server(fd, *params_.tls.creds, params_.tls.authz.get(), std::move(raw));
-    std::shared_ptr<TlsSession> tls;
-    Result<std::vector<uint8_t>> prefix = std::vector<uint8_t>();
+    auto t = TlsSession::server(fd, *params_.tls.creds, params_.tls.authz.get(), std::move(raw),
+                                &heard);
     if (!t) {
-        prefix = t.error();
-    } else {
-        tls = std::move(*t);
-        // The first decrypted bytes say what the channel is: a main
-        // channel's magic, or a multifd init message (64 bytes).
-        std::vector<uint8_t> p(MULTIFD_INIT_SIZE);
-        size_t have = 0, want = 4;
-        while (have < want) {
-            auto r = tls->read(p.data() + have, want - have);
-            if (!r || *r == 0) {
-                prefix = r ? Error("the channel closed before it identified itself")
-                           : r.error();
-                break;
-            }
-            have += *r;
-            if (have == 4 && params_.multifd && !is_main_channel(p)) {
-                want = MULTIFD_INIT_SIZE;
-            }
+        return t.error();
+    }
+    *tls = std::move(*t);
+    std::vector<uint8_t> p(MULTIFD_INIT_SIZE);
+    size_t have = 0, want = 4;
+    Result<std::vector<uint8_t>> out = Error("the channel closed before it identified itself");
+    while (have < want) {
+        auto r = (*tls)->read(p.data() + have, want - have);
+        if (!r || *r == 0) {
+            out = r ? out : Result<std::vector<uint8_t>>(r.error());
+            (*tls)->stop_hearing();
+            return out;
         }
-        if (prefix) {
-            p.resize(have);
-            prefix = std::move(p);
+        have += *r;
+        if (have == 4 && params_.multifd && !is_main_channel(p)) {
+            want = MULTIFD_INIT_SIZE;
         }
     }
-    dispatcher_.post([this, gen, fd, prefix, tls] { tls_ready(gen, fd, prefix, tls); });
+    (*tls)->stop_hearing();
+    p.resize(have);
+    return p;
 }
 
 void IncomingMigration::tls_ready(uint64_t gen, int fd, Result<std::vector<uint8_t>> prefix,
-                                  std::shared_ptr<TlsSession> tls)
+                                  std::shared_ptr<TlsSession> tls, bool ended)
 {
-    std::erase(tls_fds_, fd);
-    if (gen != generation_ || status_ != MigrationStatus::Setup) {
+    bool setup = status_ == MigrationStatus::Setup;
+    if (gen != generation_ || (!setup && status_ != MigrationStatus::Active)) {
         ::close(fd); // cleaned up or cancelled meanwhile
         return;
     }
-    // In setup a tcp:/unix: migration has its listener; fd:'s or exec:'s
-    // one channel has none, and nothing else will come.
-    if (!prefix && !tls && !listener_) {
-        ::close(fd);
+    if (prefix) {
+        adopt(std::move(*prefix), fd, std::move(tls));
+        return;
+    }
+    ::close(fd);
+    // fd:'s or exec:'s one channel: nothing else will come.
+    if (setup && !listener_) {
         fail_setup(prefix.error());
         return;
     }
-    if (!prefix && !tls) {
-        // The handshake failed (QEMU's migration_tls_incoming_handshake):
-        // said once, and the listener goes on, so that whoever reaches the
-        // port without the credentials cannot end the incoming migration.
-        spdlog::warn("incoming migration: connection closed, still listening: {}",
-                     prefix.error().message());
-        ::close(fd);
-        return;
+    if (ended) {
+        return; // a stranger past its deadline or evicted: counted and logged there
     }
-    if (!prefix) {
-        ::close(fd);
+    // After a whole handshake the peer holds our CA's certificate (or
+    // verify-peer is off): a channel that closes before it identifies
+    // itself ends the migration, as a plain one does and QEMU's does.
+    if (setup && tls) {
         fail_setup(prefix.error());
         return;
     }
-    adopt(std::move(*prefix), fd, std::move(tls));
+    // A failed handshake (QEMU's migration_tls_incoming_handshake): the
+    // listener goes on, so that whoever reaches the port without the
+    // credentials cannot end the incoming migration. Said at most once a
+    // second, with how many more there were.
+    uint64_t now = uv_now(loop_);
+    if (now - tls_failed_logged_ms_ >= 1000 || !tls_failed_logged_ms_) {
+        spdlog::warn("incoming migration: connection closed, still listening: {}{}",
+                     prefix.error().message(),
+                     tls_failed_quiet_ ? fmt::format(" ({} more since the last such line)",
+                                                     tls_failed_quiet_)
+                                       : std::string());
+        tls_failed_logged_ms_ = now;
+        tls_failed_quiet_ = 0;
+    } else {
+        tls_failed_quiet_++;
+    }
 }
 
 void IncomingMigration::maybe_start()

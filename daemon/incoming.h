@@ -30,6 +30,7 @@
 #include "daemon/io/migration_address.h"
 #include "daemon/io/socket_channels.h"
 #include "protocol/loadvm.h"
+#include "daemon/tls/tls_handshakes.h"
 #include "daemon/tls/tls_session.h"
 #include "protocol/multifd_compress.h"
 
@@ -92,13 +93,19 @@ private:
     void adopt(std::vector<uint8_t> prefix, int fd, std::shared_ptr<TlsSession> tls);
     Status accept_multifd(const std::vector<uint8_t> &prefix, int fd,
                           std::shared_ptr<TlsSession> tls);
-    // TLS: the handshake and the first decrypted bytes, on a thread of its
-    // own; the result comes back to the loop (tls_ready).
+    // TLS: the handshake and the first decrypted bytes, on a thread of
+    // handshakes_; the result comes back to the loop (tls_ready).
     void start_tls(PendingConnection *c);
     void handshake_on_thread(int fd, std::vector<uint8_t> raw);
-    void tls_handshake_main(uint64_t generation, int fd, std::vector<uint8_t> raw);
+    Result<std::vector<uint8_t>> tls_identify(int fd, std::vector<uint8_t> raw,
+                                              TlsHandshakes::Heard &heard,
+                                              std::shared_ptr<TlsSession> *tls);
+    // `ended`: handshakes_ ended it (a stranger past its deadline).
     void tls_ready(uint64_t generation, int fd, Result<std::vector<uint8_t>> prefix,
-                   std::shared_ptr<TlsSession> tls);
+                   std::shared_ptr<TlsSession> tls, bool ended);
+    // Active: a connection that identified itself as one more migration
+    // channel ends the migration; anything else is a stranger's, closed.
+    void extra_connection(const std::vector<uint8_t> &prefix, int fd);
     Status open_mapped_ram(const MigrationAddress &addr, int fd);
     void maybe_start();
     void set_status(MigrationStatus s);
@@ -135,10 +142,14 @@ private:
     std::optional<Channel> main_;
     MappedRamFileIn file_in_; // mapped-ram: main_'s file, and O_DIRECT fds
     std::vector<std::optional<Channel>> multifd_;
-    // TLS handshakes in progress: their threads and sockets (shut down to
-    // abort them). Loop thread only; a handshake thread only posts back.
-    std::vector<std::thread> tls_threads_;
-    std::vector<int> tls_fds_;
+    // What strangers on the migration port may hold (connections that have
+    // not identified themselves, TLS handshakes): bounded, with a deadline.
+    ListenerLimits stranger_limits() const;
+    // TLS handshakes in progress. Loop thread only.
+    static constexpr size_t kMaxTlsHandshakes = 32;
+    std::unique_ptr<TlsHandshakes> handshakes_;
+    uint64_t tls_failed_logged_ms_ = 0; // uv_now() of the last failed-handshake line
+    uint64_t tls_failed_quiet_ = 0;     // failures not logged since
     uint64_t generation_ = 0; // a new migrate-incoming or cleanup: late results are dropped
     std::string runstate_ = "inmigrate";
     std::string error_desc_;

@@ -76,6 +76,13 @@ SocketListener::~SocketListener() { close(); }
 Status SocketListener::listen(const SocketAddress &addr)
 {
     addr_ = addr;
+    sweeper_ = new uv_timer_t;
+    uv_timer_init(loop_, sweeper_);
+    sweeper_->data = this;
+    uint64_t every = std::max<uint64_t>(limits_.identify_ms / 4, 50);
+    uv_timer_start(
+        sweeper_, [](uv_timer_t *t) { static_cast<SocketListener *>(t->data)->sweep(); }, every,
+        every);
     if (addr.type == SocketAddress::Type::Unix) {
         QMIGD_TRY(check_unix_path(addr.path));
     }
@@ -134,9 +141,13 @@ void SocketListener::on_connection(uv_stream_t *server, int status)
     if (status < 0) {
         return;
     }
+    if (self->pending_.size() >= self->limits_.max_pending) {
+        self->evict_one();
+    }
     auto *c = new PendingConnection;
     c->owner_ = self;
     c->want_ = self->first_want_;
+    c->accepted_ms_ = c->heard_ms_ = uv_now(self->loop_);
     c->h_.init(self->loop_, self->addr_.type, c);
     if (uv_accept(server, c->h_.stream()) != 0) {
         c->owner_ = nullptr;
@@ -145,6 +156,45 @@ void SocketListener::on_connection(uv_stream_t *server, int status)
     }
     self->pending_.push_back(c);
     self->start_reading(c);
+}
+
+void SocketListener::evict_one()
+{
+    auto quietest = std::min_element(pending_.begin(), pending_.end(),
+                                     [](const PendingConnection *a, const PendingConnection *b) {
+                                         return a->heard_ms_ < b->heard_ms_;
+                                     });
+    if (quietest != pending_.end()) {
+        evicted_++;
+        (*quietest)->close();
+    }
+}
+
+void SocketListener::sweep()
+{
+    uint64_t now = uv_now(loop_);
+    std::vector<PendingConnection *> late;
+    for (PendingConnection *c : pending_) {
+        if (now - c->accepted_ms_ >= limits_.identify_ms) {
+            late.push_back(c);
+        }
+    }
+    expired_ += late.size();
+    for (PendingConnection *c : late) {
+        c->close();
+    }
+    log_dropped();
+}
+
+void SocketListener::log_dropped()
+{
+    if (evicted_ || expired_) {
+        spdlog::warn("incoming migration: closed {} connections that did not identify themselves "
+                     "within {} ms and {} over the limit of {} (the quietest went), still "
+                     "listening",
+                     expired_, limits_.identify_ms, evicted_, limits_.max_pending);
+        evicted_ = expired_ = 0;
+    }
 }
 
 void SocketListener::start_reading(PendingConnection *c)
@@ -184,6 +234,7 @@ void SocketListener::start_reading(PendingConnection *c)
                 return;
             }
             (void)buf; // points into pc->buf_
+            pc->heard_ms_ = uv_now(pc->h_.handle()->loop);
             pc->have_ += size_t(nread);
             if (pc->have_ < pc->want_) {
                 return;
@@ -228,6 +279,12 @@ void SocketListener::close()
 {
     while (!pending_.empty()) {
         pending_.back()->close();
+    }
+    if (sweeper_) {
+        log_dropped();
+        uv_close(reinterpret_cast<uv_handle_t *>(sweeper_),
+                 [](uv_handle_t *h) { delete reinterpret_cast<uv_timer_t *>(h); });
+        sweeper_ = nullptr;
     }
     if (server_) {
         uv_close(server_->handle(),

@@ -30,6 +30,13 @@ union StreamHandle {
 
 // An accepted connection whose first bytes are being read on the loop.
 // Lifetime: owned by the listener until handed over or closed.
+//
+// Until it has identified itself a connection is a stranger's: it has a
+// deadline (ListenerLimits::identify_ms from its accept) and a
+// place among at most ListenerLimits::max_pending; when a new connection finds
+// them all taken, the one silent the longest goes. A migration source
+// sends its first bytes at once, so a flood of idle or slow connections
+// evicts itself, never the source's channels.
 class PendingConnection {
 public:
     static constexpr size_t kMaxPrefix = 64;
@@ -52,6 +59,14 @@ private:
     size_t have_ = 0;
     size_t want_ = 0;
     bool done_ = false;
+    uint64_t accepted_ms_ = 0; // uv_now() at accept
+    uint64_t heard_ms_ = 0;    // uv_now() at accept or the last bytes read
+};
+
+// What strangers may hold of a listener (see PendingConnection).
+struct ListenerLimits {
+    size_t max_pending = 256;
+    uint64_t identify_ms = 10000;
 };
 
 class SocketListener {
@@ -60,8 +75,9 @@ public:
     // take()/close()), or with nullptr data and an error when it failed.
     using OnPrefix = std::function<void(PendingConnection *, const Error *)>;
 
-    SocketListener(uv_loop_t *loop, size_t first_want, OnPrefix on_prefix)
-        : loop_(loop), first_want_(first_want), on_prefix_(std::move(on_prefix))
+    SocketListener(uv_loop_t *loop, size_t first_want, OnPrefix on_prefix,
+                   ListenerLimits limits = ListenerLimits())
+        : loop_(loop), first_want_(first_want), on_prefix_(std::move(on_prefix)), limits_(limits)
     {
     }
     ~SocketListener();
@@ -78,13 +94,23 @@ private:
     static void on_connection(uv_stream_t *server, int status);
     void start_reading(PendingConnection *c);
     void release(PendingConnection *c);
+    // Makes room for one more pending connection: the one silent longest goes.
+    void evict_one();
+    // Timer: closes pending connections past their deadline.
+    void sweep();
+    void log_dropped();
 
     uv_loop_t *loop_;
     size_t first_want_;
     OnPrefix on_prefix_;
+    ListenerLimits limits_;
     StreamHandle *server_ = nullptr;
+    uv_timer_t *sweeper_ = nullptr;
     SocketAddress addr_;
     std::vector<PendingConnection *> pending_;
+    // Strangers dropped since the last log line (one line per sweep, not
+    // one per connection of a flood).
+    uint64_t evicted_ = 0, expired_ = 0;
 };
 
 // Connects `count` sockets to addr. An inet name is resolved on libuv's

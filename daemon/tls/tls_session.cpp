@@ -1,5 +1,7 @@
 #include "daemon/tls/tls_session.h"
 
+#include "daemon/tls/tls_handshakes.h"
+
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -49,6 +51,9 @@ ssize_t TlsSession::pull(gnutls_transport_ptr_t p, void *data, size_t n)
     }
     for (;;) {
         ssize_t r = ::recv(t->fd_, data, n, 0);
+        if (r > 0 && t->heard_) {
+            t->heard_->store(TlsHandshakes::now_ms(), std::memory_order_relaxed);
+        }
         if (r >= 0 || errno != EINTR) {
             if (r < 0) {
                 gnutls_transport_set_errno(t->s_, errno);
@@ -207,10 +212,12 @@ Result<std::unique_ptr<TlsSession>> TlsSession::client(int fd, const TlsCreds &c
 
 Result<std::unique_ptr<TlsSession>> TlsSession::server(int fd, const TlsCreds &creds,
                                                        const AuthzList *authz,
-                                                       std::vector<uint8_t> already_read)
+                                                       std::vector<uint8_t> already_read,
+                                                       std::atomic<int64_t> *heard)
 {
     std::unique_ptr<TlsSession> t(new TlsSession(fd));
     t->pending_ = std::move(already_read);
+    t->heard_ = heard;
     QMIGD_TRY(t->setup(creds, true));
     QMIGD_TRY(t->handshake());
     if (creds.verify_peer()) {

@@ -1,0 +1,134 @@
+#include "daemon/tls/tls_handshakes.h"
+
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include "daemon/socket_io.h"
+#include "daemon/thread_name.h"
+
+namespace qmigd {
+
+int64_t TlsHandshakes::now_ms()
+{
+    using namespace std::chrono;
+    return duration_cast<milliseconds>(steady_clock::now().time_since_epoch()).count();
+}
+
+TlsHandshakes::TlsHandshakes(uv_loop_t *loop, LoopDispatcher &dispatcher, ListenerLimits limits)
+    : loop_(loop), dispatcher_(dispatcher), limits_(limits)
+{
+}
+
+TlsHandshakes::~TlsHandshakes()
+{
+    close_all();
+}
+
+void TlsHandshakes::start(int fd, Work work)
+{
+    size_t live = 0;
+    for (const Entry &e : entries_) {
+        live += !e.ended;
+    }
+    if (live >= limits_.max_pending) {
+        Entry *quietest = nullptr;
+        for (Entry &e : entries_) {
+            if (!e.ended && (!quietest || e.heard.load() < quietest->heard.load())) {
+                quietest = &e;
+            }
+        }
+        evicted_++;
+        end(*quietest);
+    }
+    // Ended threads finish at once, but a flood can outrun them: past twice
+    // the limit a connection is closed unheard rather than given a thread.
+    if (entries_.size() >= 2 * limits_.max_pending) {
+        refused_++;
+        ::close(fd);
+        return;
+    }
+    if (!timer_) {
+        timer_ = new uv_timer_t;
+        uv_timer_init(loop_, timer_);
+        timer_->data = this;
+        uint64_t every = std::max<uint64_t>(limits_.identify_ms / 4, 50);
+        uv_timer_start(
+            timer_, [](uv_timer_t *t) { static_cast<TlsHandshakes *>(t->data)->sweep(); }, every,
+            every);
+    }
+    Entry &e = entries_.emplace_back();
+    e.id = next_id_++;
+    e.fd = fd;
+    e.started_ms = now_ms();
+    e.heard = e.started_ms;
+    e.thread = std::thread([this, id = e.id, &heard = e.heard, work = std::move(work)] {
+        set_thread_name("mig/dst/tls");
+        Then then = work(heard);
+        // Pairs with reap(): the loop joins this thread when it runs this.
+        dispatcher_.post([this, id, then = std::move(then)] { then(reap(id)); });
+    });
+}
+
+bool TlsHandshakes::reap(uint64_t id)
+{
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+        if (it->id == id) {
+            it->thread.join(); // it posted its result as its last act
+            bool ended = it->ended;
+            entries_.erase(it);
+            return ended;
+        }
+    }
+    return true; // close_all() joined it
+}
+
+void TlsHandshakes::end(Entry &e)
+{
+    if (!e.ended) {
+        e.ended = true;
+        shutdown_fd(e.fd); // the handshake's next read fails; the thread posts
+    }
+}
+
+void TlsHandshakes::sweep()
+{
+    int64_t now = now_ms();
+    for (Entry &e : entries_) {
+        if (!e.ended && now - e.started_ms >= int64_t(limits_.identify_ms)) {
+            expired_++;
+            end(e);
+        }
+    }
+    log_dropped();
+}
+
+void TlsHandshakes::log_dropped()
+{
+    if (evicted_ || expired_ || refused_) {
+        spdlog::warn("incoming migration: ended {} TLS connections that did not identify "
+                     "themselves within {} ms, {} over the limit of {} (the quietest went), "
+                     "closed {} unheard; still listening",
+                     expired_, limits_.identify_ms, evicted_, limits_.max_pending, refused_);
+        evicted_ = expired_ = refused_ = 0;
+    }
+}
+
+void TlsHandshakes::close_all()
+{
+    for (Entry &e : entries_) {
+        end(e);
+    }
+    for (Entry &e : entries_) {
+        e.thread.join(); // its result is posted; reap() finds nothing then
+    }
+    entries_.clear();
+    if (timer_) {
+        log_dropped();
+        uv_close(reinterpret_cast<uv_handle_t *>(timer_),
+                 [](uv_handle_t *h) { delete reinterpret_cast<uv_timer_t *>(h); });
+        timer_ = nullptr;
+    }
+}
+
+} // namespace qmigd

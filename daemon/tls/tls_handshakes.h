@@ -1,0 +1,85 @@
+// The TLS handshakes of a destination's connections, each on a thread of
+// its own (GnuTLS blocks), bounded and reaped.
+//
+// Whoever reaches the migration port can start one, so a handshake is a
+// stranger's until it has identified itself as a migration channel: it
+// has a deadline (handshake and first decrypted bytes, identify_ms from
+// its start) and one of max_pending places; when a new one finds them all
+// taken, the one whose peer has been silent the longest is ended (its
+// socket shut down, which ends its thread). A real source's handshake
+// goes on without pause, so stalled ClientHellos and silent clients evict
+// each other, not it. Threads are joined as soon as they post their
+// result, so none is left mapped.
+//
+// Thread ownership: the table and the timer belong to the loop thread; a
+// handshake thread reads only its own Entry's fd and writes its `heard`
+// (atomic), then posts its result to the loop and ends.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <thread>
+
+#include <uv.h>
+
+#include "daemon/io/socket_channels.h"
+#include "daemon/loop_dispatcher.h"
+
+namespace qmigd {
+
+class TlsHandshakes {
+public:
+    // Milliseconds of a steady clock: when a peer was last heard.
+    using Heard = std::atomic<int64_t>;
+    static int64_t now_ms();
+    // Runs on the loop when a handshake thread is done; `ended`: this table
+    // ended it (deadline, or evicted for a newer connection).
+    using Then = std::function<void(bool ended)>;
+    // Runs on the handshake thread; returns what to run on the loop then.
+    // `heard` is the Entry's, for the session's reads to update.
+    using Work = std::function<Then(Heard &heard)>;
+
+    TlsHandshakes(uv_loop_t *loop, LoopDispatcher &dispatcher, ListenerLimits limits);
+    ~TlsHandshakes();
+    TlsHandshakes(const TlsHandshakes &) = delete;
+    TlsHandshakes &operator=(const TlsHandshakes &) = delete;
+
+    // Loop thread. Runs work for the socket fd on a new thread. Its result
+    // always reaches the loop, also after close_all() (the caller tells a
+    // stale one by its own generation count).
+    void start(int fd, Work work);
+    // Loop thread. Ends every handshake (shuts their sockets) and joins
+    // their threads.
+    void close_all();
+    size_t size() const { return entries_.size(); }
+
+private:
+    struct Entry {
+        uint64_t id = 0;
+        int fd = -1;
+        int64_t started_ms = 0;
+        Heard heard{0};
+        bool ended = false; // its socket was shut down
+        std::thread thread;
+    };
+
+    // Joins the thread; whether this table had ended it.
+    bool reap(uint64_t id);
+    void end(Entry &e);
+    void sweep();
+    void log_dropped();
+
+    uv_loop_t *loop_;
+    LoopDispatcher &dispatcher_;
+    ListenerLimits limits_;
+    uv_timer_t *timer_ = nullptr;
+    std::list<Entry> entries_; // stable addresses: threads hold &heard
+    uint64_t next_id_ = 0;
+    uint64_t evicted_ = 0, expired_ = 0, refused_ = 0; // since the last log line
+};
+
+} // namespace qmigd
