@@ -53,7 +53,7 @@ Result<std::unique_ptr<RamImage>> RamImage::open(const std::string &path, uint64
         img->fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | nofollow | O_CLOEXEC, 0600);
         created = img->fd_ >= 0;
     }
-    if (how == ImageOpen::ReadOnly || (how == ImageOpen::Shared && errno == EEXIST)) {
+    if (how == ImageOpen::ReadOnly || (how == ImageOpen::Shared && !created && errno == EEXIST)) {
         // O_NONBLOCK: a FIFO planted in a parked VM's place must not hang
         // the open (a regular file ignores it).
         int mode = how == ImageOpen::ReadOnly ? O_RDONLY | O_NONBLOCK : O_RDWR;

@@ -71,18 +71,32 @@ int unix_listen_fd(const std::string &path)
 
 } // namespace
 
+uv_timer_t *sweeper_start(uv_loop_t *loop, const ListenerLimits &limits, void *data,
+                          uv_timer_cb cb)
+{
+    auto *t = new uv_timer_t;
+    uv_timer_init(loop, t);
+    t->data = data;
+    uint64_t every = std::max<uint64_t>(limits.identify_ms / 4, 50);
+    uv_timer_start(t, cb, every, every);
+    return t;
+}
+
+void sweeper_close(uv_timer_t **t)
+{
+    uv_close(reinterpret_cast<uv_handle_t *>(*t),
+             [](uv_handle_t *h) { delete reinterpret_cast<uv_timer_t *>(h); });
+    *t = nullptr;
+}
+
 SocketListener::~SocketListener() { close(); }
 
 Status SocketListener::listen(const SocketAddress &addr)
 {
     addr_ = addr;
-    sweeper_ = new uv_timer_t;
-    uv_timer_init(loop_, sweeper_);
-    sweeper_->data = this;
-    uint64_t every = std::max<uint64_t>(limits_.identify_ms / 4, 50);
-    uv_timer_start(
-        sweeper_, [](uv_timer_t *t) { static_cast<SocketListener *>(t->data)->sweep(); }, every,
-        every);
+    sweeper_ = sweeper_start(loop_, limits_, this, [](uv_timer_t *t) {
+        static_cast<SocketListener *>(t->data)->sweep();
+    });
     if (addr.type == SocketAddress::Type::Unix) {
         QMIGD_TRY(check_unix_path(addr.path));
     }
@@ -282,9 +296,7 @@ void SocketListener::close()
     }
     if (sweeper_) {
         log_dropped();
-        uv_close(reinterpret_cast<uv_handle_t *>(sweeper_),
-                 [](uv_handle_t *h) { delete reinterpret_cast<uv_timer_t *>(h); });
-        sweeper_ = nullptr;
+        sweeper_close(&sweeper_);
     }
     if (server_) {
         uv_close(server_->handle(),

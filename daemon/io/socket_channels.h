@@ -69,6 +69,13 @@ struct ListenerLimits {
     uint64_t identify_ms = 10000;
 };
 
+// A repeating timer that checks strangers' deadlines: every quarter of
+// identify_ms (at least 50 ms), with `data` as its data. Loop thread.
+uv_timer_t *sweeper_start(uv_loop_t *loop, const ListenerLimits &limits, void *data,
+                          uv_timer_cb cb);
+// Stops and frees it (after libuv closes it); sets *t to null.
+void sweeper_close(uv_timer_t **t);
+
 class SocketListener {
 public:
     // Called when a connection has `want` bytes (set want() for more, or

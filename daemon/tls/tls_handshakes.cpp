@@ -49,13 +49,9 @@ void TlsHandshakes::start(int fd, Work work)
         return;
     }
     if (!timer_) {
-        timer_ = new uv_timer_t;
-        uv_timer_init(loop_, timer_);
-        timer_->data = this;
-        uint64_t every = std::max<uint64_t>(limits_.identify_ms / 4, 50);
-        uv_timer_start(
-            timer_, [](uv_timer_t *t) { static_cast<TlsHandshakes *>(t->data)->sweep(); }, every,
-            every);
+        timer_ = sweeper_start(loop_, limits_, this, [](uv_timer_t *t) {
+            static_cast<TlsHandshakes *>(t->data)->sweep();
+        });
     }
     Entry &e = entries_.emplace_back();
     e.id = next_id_++;
@@ -125,9 +121,7 @@ void TlsHandshakes::close_all()
     entries_.clear();
     if (timer_) {
         log_dropped();
-        uv_close(reinterpret_cast<uv_handle_t *>(timer_),
-                 [](uv_handle_t *h) { delete reinterpret_cast<uv_timer_t *>(h); });
-        timer_ = nullptr;
+        sweeper_close(&timer_);
     }
 }
 

@@ -178,29 +178,34 @@ def dest_refusal(src_params, expect, src_creds=None):
             check(files_equal(sp, dp), "the good migration after a refused one differs")
 
 
+def authz_migration(dst_kind, policy, rules, expect_ok, client_dir=CLIENT, multifd=True):
+    """A TLS migration into a destination whose authz-list has `policy` and
+    `rules`: completes, or (denied) the source fails while the destination
+    listens on and, where it is qmigd, says why in its log."""
+    with images(16 * MiB, "mixed") as imgs, peers("qmigd", dst_kind, imgs) as (s, d):
+        creds(s, client_dir=client_dir)
+        creds(d)
+        d.qmp.cmd("object-add", **{"qom-type": "authz-list", "id": "auth0", "policy": policy,
+                                   "rules": rules})
+        s.set_migration(multifd, 2, "multifd", extra_params={"tls-creds": "tls0"})
+        d.set_migration(multifd, 2, extra_params={"tls-creds": "tls0", "tls-authz": "auth0"})
+        port = start_incoming(d)
+        s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+        if expect_ok:
+            wait_status(s, ("completed",), timeout=30)
+            wait_status(d, ("completed",), timeout=30)
+            return
+        wait_status(s, ("failed",), timeout=30, fail_on=("completed",))
+        check(d.status()["status"] == "setup", f"{dst_kind}: {d.status()}")
+        if dst_kind == "qmigd":
+            check(log_says(d, "TLS x509 authz check for") and log_says(d, "is denied"),
+                  "the destination's log does not say the client was denied")
+
+
 @test
 def test_authz_list_denies_a_client():
     def run(rule_match, expect_ok, dst_kind="qmigd"):
-        with images(16 * MiB, "mixed") as imgs, peers("qmigd", dst_kind, imgs) as (s, d):
-            creds(s)
-            creds(d)
-            d.qmp.cmd("object-add", **{"qom-type": "authz-list", "id": "auth0", "policy": "deny",
-                                       "rules": [{"match": rule_match, "policy": "allow"}]})
-            p = {"tls-creds": "tls0"}
-            s.set_migration(True, 2, "multifd", extra_params=p)
-            d.set_migration(True, 2, extra_params={"tls-creds": "tls0", "tls-authz": "auth0"})
-            port = start_incoming(d)
-            s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
-            if expect_ok:
-                wait_status(s, ("completed",), timeout=30)
-                wait_status(d, ("completed",), timeout=30)
-                return
-            # Denied: the source fails, the destination says so and listens on.
-            wait_status(s, ("failed",), timeout=30, fail_on=("completed",))
-            check(d.status()["status"] == "setup", f"{dst_kind}: {d.status()}")
-            if dst_kind == "qmigd":
-                check(log_says(d, "TLS x509 authz check for") and log_says(d, "is denied"),
-                      "the destination's log does not say the client was denied")
+        authz_migration(dst_kind, "deny", [{"match": rule_match, "policy": "allow"}], expect_ok)
     run(tls_certs.client_dn("qmigd client"), True)
     run(tls_certs.client_dn("qmigd client"), True, "qemu")  # the same DN text lets QEMU in
     run(tls_certs.client_dn("someone else"), False)
@@ -219,21 +224,8 @@ def test_long_client_dn_is_checked_whole():
     check(len(dn) > 1024, len(dn))
 
     def run(policy, rule_policy, expect_ok, dst_kind):
-        with images(16 * MiB, "mixed") as imgs, peers("qmigd", dst_kind, imgs) as (s, d):
-            creds(s, client_dir=LONG_CLIENT)
-            creds(d)
-            d.qmp.cmd("object-add", **{"qom-type": "authz-list", "id": "auth0", "policy": policy,
-                                       "rules": [{"match": dn, "policy": rule_policy}]})
-            s.set_migration(False, extra_params={"tls-creds": "tls0"})
-            d.set_migration(False, extra_params={"tls-creds": "tls0", "tls-authz": "auth0"})
-            port = start_incoming(d)
-            s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
-            if expect_ok:
-                wait_status(s, ("completed",), timeout=30)
-                wait_status(d, ("completed",), timeout=30)
-                return
-            wait_status(s, ("failed",), timeout=30, fail_on=("completed",))
-            check(d.status()["status"] == "setup", f"{dst_kind}: {d.status()}")
+        authz_migration(dst_kind, policy, [{"match": dn, "policy": rule_policy}], expect_ok,
+                        client_dir=LONG_CLIENT, multifd=False)
     for kind in ("qmigd", "qemu"):
         run("allow", "deny", False, kind)  # a deny-list that names it
         run("deny", "allow", True, kind)   # an allow-list that names it
