@@ -168,6 +168,7 @@ QmpResult Daemon::cmd_migrate(const json &args)
     p.local_send_buffer = opts_.local_send_buffer;
     p.mapped_ram = config_.capability("mapped-ram");
     p.direct_io = config_.direct_io();
+    p.return_path = config_.capability("return-path");
     p.compression = {*compression, config_.multifd_compression_level()};
     auto tls = tls_params(TlsCreds::Endpoint::Client, *addr);
     if (tls) {

@@ -1,6 +1,7 @@
 #include "daemon/incoming.h"
 
 #include <cstring>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -30,11 +31,14 @@ public:
     using Announce = std::function<Status(const std::vector<RamBlockDesc> &)>;
 
     ImageLoadHandler(std::vector<RAMBlock> &blocks, MultifdRecvSync *sync,
-                     const MappedRamFileIn *file, Announce announce)
+                     const MappedRamFileIn *file, Announce announce,
+                     std::function<Status()> open_rp, std::unique_ptr<ReturnPathOut> &rp)
         : blocks_(blocks), sync_(sync), file_(file), announce_(std::move(announce)),
-          run_(new uint8_t[kRunPages * TARGET_PAGE_SIZE])
+          open_rp_(std::move(open_rp)), rp_(rp), run_(new uint8_t[kRunPages * TARGET_PAGE_SIZE])
     {
     }
+    Status open_return_path() override { return open_rp_(); }
+    Status ping(uint32_t value) override { return rp_->pong(value); }
     Status announce_blocks(const std::vector<RamBlockDesc> &descs) override
     {
         return announce_ ? announce_(descs) : LoadvmHandler::announce_blocks(descs);
@@ -84,6 +88,8 @@ private:
     MultifdRecvSync *sync_;
     const MappedRamFileIn *file_; // null unless mapped-ram
     Announce announce_;           // park mode only
+    std::function<Status()> open_rp_;
+    std::unique_ptr<ReturnPathOut> &rp_; // set by open_rp_
     MappedRamCounts file_counts_;
     std::unique_ptr<uint8_t[]> run_;
     size_t run_block_ = 0;
@@ -143,6 +149,7 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     error_desc_.clear();
     thread_error_.reset();
     loading_done_ = false;
+    rp_open_ = false;
     normal_pages_ = zero_pages_ = bytes_ = 0;
     cancel_requested_ = false;
     runstate_ = "inmigrate";
@@ -541,9 +548,14 @@ void IncomingMigration::abort_with(const Error &err)
         sync_->abort();
     }
     // Wake threads blocked in read(); fds stay open until finish(). A
-    // pipe cannot be shut down: its writer, the exec: command, goes.
+    // pipe cannot be shut down: its writer, the exec: command, goes. With
+    // a return path the main socket's write side stays open for the SHUT.
     if (main_) {
-        shutdown_fd(main_->fd);
+        if (rp_open_) {
+            ::shutdown(main_->fd, SHUT_RD);
+        } else {
+            shutdown_fd(main_->fd);
+        }
     }
     if (child_) {
         child_->terminate(); // set before the threads started, reset after
@@ -739,8 +751,15 @@ void IncomingMigration::load_thread_main()
     if (load_cfg_.park) {
         announce = [this](const std::vector<RamBlockDesc> &d) { return park_announce(d); };
     }
+    auto open_rp = [this]() -> Status {
+        auto rp = ReturnPathOut::open(main_->fd, main_->tls.get());
+        QMIGD_TRY(rp);
+        rp_ = std::move(*rp);
+        rp_open_ = true; // abort_with() leaves its write side open from now on
+        return {};
+    };
     ImageLoadHandler handler(blocks_, sync_.get(), params_.mapped_ram ? &file_in_ : nullptr,
-                             std::move(announce));
+                             std::move(announce), open_rp, rp_);
     auto result = qemu_loadvm_state(f, load_cfg_, handler);
     if (result) {
         if (Status st = handler.flush(); !st) {
@@ -780,6 +799,12 @@ void IncomingMigration::load_thread_main()
     {
         std::lock_guard<std::mutex> lk(err_mu_);
         err = thread_error_;
+    }
+    if (rp_) {
+        // The verdict, once everything is loaded (and a parked VM durable):
+        // QEMU's migration_incoming_state_destroy().
+        rp_->shut(!result || err);
+        rp_.reset();
     }
     std::string runstate = result ? result->runstate : "inmigrate";
     dispatcher_.post([this, err, runstate, parked = std::move(parked)]() mutable {

@@ -26,6 +26,7 @@
 #include "daemon/multifd_recv.h"
 #include "daemon/park/parked_vm.h"
 #include "daemon/ram_blocks.h"
+#include "daemon/return_path.h"
 #include "daemon/io/command_channel.h"
 #include "daemon/io/migration_address.h"
 #include "daemon/io/socket_channels.h"
@@ -164,6 +165,10 @@ private:
     std::mutex err_mu_;
     std::optional<Error> thread_error_; // protected by err_mu_
     std::atomic<bool> loading_done_{false};
+    // The return path, once the stream opened it: the load thread's only
+    // (pongs, then the SHUT); rp_open_ tells abort_with() from any thread.
+    std::unique_ptr<ReturnPathOut> rp_;
+    std::atomic<bool> rp_open_{false};
     bool cancel_requested_ = false; // loop thread only
     // Park mode: the load thread fills blocks_ and park_descs_ once, then
     // sets park_ready_; receive threads wait for it before their first

@@ -47,6 +47,9 @@ struct OutgoingParams {
     // channel is a descriptor of the same file, O_DIRECT with direct_io.
     bool mapped_ram = false;
     bool direct_io = false;
+    // return-path: OPEN_RETURN_PATH after the header, and the migration
+    // completes only once the destination says SHUT(0) (daemon/return_path.h).
+    bool return_path = false;
     // multifd-compression (multifd channels only).
     MultiFDCompressionParams compression;
     // tls-creds (client endpoint), tls-hostname: every channel. Not on

@@ -13,6 +13,7 @@
 #include "daemon/multifd_send.h"
 #include "daemon/ram_save.h"
 #include "daemon/tls/tls_session.h"
+#include "protocol/return_path.h"
 #include "protocol/savevm.h"
 #include "ramstate/zero_page.h"
 
@@ -51,6 +52,7 @@ MigrationThread::MigrationThread(const OutgoingParams &p, std::vector<RAMBlock> 
 
 MigrationThread::~MigrationThread()
 {
+    rp_.reset(); // its reader is joined before the socket it reads goes
     ::close(main_fd_);
 }
 
@@ -110,6 +112,9 @@ Status MigrationThread::check_cancel()
     if (shared_.cancel_requested) {
         return Error("migration cancelled");
     }
+    if (auto err = rp_ ? rp_->failed() : std::nullopt) {
+        return *err; // the destination failed, or its return path broke
+    }
     return {};
 }
 
@@ -149,6 +154,17 @@ Status MigrationThread::setup()
     savevm_put_configuration(w, p_.machine_type, uuid,
                              p_.mapped_ram ? std::span<const std::string_view>(kMappedRam)
                                            : std::span<const std::string_view>());
+    if (p_.return_path) {
+        // As QEMU's migration_thread(): the destination opens its end, and
+        // a PING lines both up.
+        struct stat st;
+        if (fstat(main_fd_, &st) != 0 || !S_ISSOCK(st.st_mode)) {
+            return Error("the return path needs a socket (tcp:, unix:, or fd: of a socket)");
+        }
+        savevm_put_command(w, MIG_CMD_OPEN_RETURN_PATH);
+        savevm_put_ping(w, RP_PING_OPEN);
+        rp_ = std::make_unique<ReturnPathIn>(main_fd_, main_tls_.get());
+    }
     // The first bytes leave at once: a QEMU destination's main loop stalls
     // peeking at a connection until 4 bytes are there (wire-format 7.1).
     QMIGD_TRY(out_.flush());
@@ -353,6 +369,10 @@ Status MigrationThread::run()
         QMIGD_TRY(multifd_->error());
         multifd_->terminate_tls();
         multifd_->shutdown();
+    }
+    if (rp_) {
+        // QEMU's close_return_path_on_source(): the destination's verdict.
+        QMIGD_TRY(rp_->wait());
     }
     if (main_tls_) {
         main_tls_->bye();

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "daemon/migration_state.h"
+#include "daemon/return_path.h"
 #include "daemon/migration_status.h"
 #include "daemon/qemu_file_writer.h"
 #include "daemon/ram_blocks.h"
@@ -77,6 +78,7 @@ private:
     MigrationOwner &owner_;
     int main_fd_;
     std::unique_ptr<TlsSession> main_tls_; // with tls-creds, after setup's handshake
+    std::unique_ptr<ReturnPathIn> rp_;     // with return-path, from setup on
     QEMUFileWriter out_;
     // mapped-ram: pages go to fixed places in the file, not into the stream.
     std::unique_ptr<MappedRamSave> file_;

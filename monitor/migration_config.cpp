@@ -8,7 +8,7 @@ namespace {
 
 // The capabilities qmigd implements; the rest are listed (false) and refused.
 const std::vector<std::string> kImplementedCaps = {"multifd", "events", "auto-converge",
-                                                   "mapped-ram"};
+                                                   "mapped-ram", "return-path"};
 
 QmpError type_error(const std::string &key, const char *type)
 {

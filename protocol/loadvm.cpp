@@ -71,6 +71,7 @@ private:
     // The destination's blocks, or in park mode the stream's once announced.
     std::vector<RamBlockDesc> blocks_;
     bool ram_ended_ = false; // the ram section's END was read
+    bool return_path_ = false; // OPEN_RETURN_PATH was read
     std::map<uint32_t, SectionInfo> sections_;
     // CONTINUE refers to the block of the previous ZERO/PAGE record, across
     // sections (ram.c keeps it in a static for the same reason).
@@ -294,16 +295,36 @@ Status Loader::load_command()
     if (cmd == MIG_CMD_INVALID || cmd >= MIG_CMD_MAX) {
         return fail(fmt::format("MIG_CMD 0x{:x} unknown (len 0x{:x})", cmd, len));
     }
-    if (cmd != MIG_CMD_SWITCHOVER_START) {
-        // Return path, postcopy and COLO need a channel back to the source.
-        return fail(fmt::format("MIG_CMD 0x{:x} is not supported by qmigd (return-path, "
-                                "postcopy and COLO are not implemented)",
+    // QEMU's mig_cmd_args: the payload length of the commands qmigd takes.
+    const char *name = cmd == MIG_CMD_OPEN_RETURN_PATH ? "OPEN_RETURN_PATH"
+                       : cmd == MIG_CMD_PING         ? "PING"
+                       : cmd == MIG_CMD_SWITCHOVER_START ? "SWITCHOVER_START"
+                                                         : nullptr;
+    if (!name) {
+        // Postcopy and COLO need more than a return path.
+        return fail(fmt::format("MIG_CMD 0x{:x} is not supported by qmigd (postcopy and COLO "
+                                "are not implemented)",
                                 cmd));
     }
-    if (len != 0) {
-        return fail(fmt::format("SWITCHOVER_START received with bad length - expecting 0, "
-                                "got {}",
-                                len));
+    uint16_t want = cmd == MIG_CMD_PING ? 4 : 0;
+    if (len != want) {
+        return fail(fmt::format("{} received with bad length - expecting {}, got {}", name,
+                                want, len));
+    }
+    if (cmd == MIG_CMD_OPEN_RETURN_PATH) {
+        if (return_path_) {
+            return fail("CMD_OPEN_RETURN_PATH called when RP already open");
+        }
+        return_path_ = true;
+        return h_.open_return_path();
+    }
+    if (cmd == MIG_CMD_PING) {
+        uint32_t value = f_.get_be32();
+        QMIGD_TRY(stream_status());
+        if (!return_path_) {
+            return fail(fmt::format("CMD_PING (0x{:x}) received with no return path", value));
+        }
+        return h_.ping(value);
     }
     return {};
 }

@@ -61,6 +61,15 @@ public:
         (void)blocks;
         return Error("this destination does not park VMs");
     }
+    // MIG_CMD_OPEN_RETURN_PATH: from now on the source reads our messages
+    // (protocol/return_path.h) on the main channel's socket.
+    virtual Status open_return_path() { return Error("this destination has no return path"); }
+    // MIG_CMD_PING, after OPEN_RETURN_PATH: answer with a PONG of `value`.
+    virtual Status ping(uint32_t value)
+    {
+        (void)value;
+        return Error("this destination has no return path");
+    }
     // Progress notice: the main channel is about to read (for status).
     virtual void loading_started() {}
 };

@@ -81,6 +81,14 @@ void savevm_put_command(ByteWriter &w, uint16_t cmd)
     w.be16(0);
 }
 
+void savevm_put_ping(ByteWriter &w, uint32_t value)
+{
+    w.u8(QEMU_VM_COMMAND);
+    w.be16(MIG_CMD_PING);
+    w.be16(4);
+    w.be32(value);
+}
+
 void savevm_put_timer(ByteWriter &w, uint32_t section_id)
 {
     savevm_put_section_header(w, QEMU_VM_SECTION_FULL, section_id, "timer", 0,

@@ -29,6 +29,8 @@ void savevm_put_section_continue(ByteWriter &w, uint8_t type, uint32_t section_i
 void savevm_put_footer(ByteWriter &w, uint32_t section_id);
 // A COMMAND record with no payload (e.g. SWITCHOVER_START).
 void savevm_put_command(ByteWriter &w, uint16_t cmd);
+// MIG_CMD_PING: the destination answers on the return path with a PONG.
+void savevm_put_ping(ByteWriter &w, uint32_t value);
 // Whole FULL sections of the devices a -M none guest has.
 void savevm_put_timer(ByteWriter &w, uint32_t section_id);
 void savevm_put_globalstate(ByteWriter &w, uint32_t section_id, std::string_view runstate);

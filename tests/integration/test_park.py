@@ -191,11 +191,13 @@ def test_bad_parked_directories_refused():
     check(snapshot(d) == before, "the parked VM's directory changed")
 
 
-def resume_refused(directory, tag, want, extra=None, mem="512M", source_knows=True):
+def resume_refused(directory, tag, want, extra=None, mem="512M", source_knows=True,
+                   return_path=False):
     """The target QEMU refuses the parked VM with its own error; the qmigd
     source fails (unless the target only refuses the device state, which
     comes last: without a return path no source learns of that, QEMU's
-    neither), keeps serving, and `directory` is untouched."""
+    neither; with one it hears SHUT(1)), keeps serving, and `directory` is
+    untouched."""
     before = snapshot(directory)
     src = guest = None
     try:
@@ -203,6 +205,10 @@ def resume_refused(directory, tag, want, extra=None, mem="512M", source_knows=Tr
         guest = lg.LinuxGuest("dest", initrd(), tag, log_dir=WORK, extra=extra, mem=mem)
         src.set_migration(False)
         guest.set_migration(False)
+        if return_path:
+            for p in (src, guest):
+                p.qmp.cmd("migrate-set-capabilities",
+                          capabilities=[{"capability": "return-path", "state": True}])
         guest.qmp.cmd("migrate-incoming", uri="tcp:127.0.0.1:0", **{"exit-on-error": False})
         port = guest.status()["socket-address"][0]["port"]
         src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
@@ -252,6 +258,9 @@ def test_device_state_the_target_cannot_take_refused():
         f.write(ds)
     resume_refused(other, "other-devices", "savevm: unsupported version 99 for 'serial'",
                    source_knows=False)
+    # With a return path the target's verdict reaches the source.
+    resume_refused(other, "other-devices-rp", "savevm: unsupported version 99 for 'serial'",
+                   return_path=True)
 
 
 @test

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "protocol/loadvm.h"
+#include "protocol/return_path.h"
 #include "protocol/savevm.h"
 
 using namespace qmigd;
@@ -251,8 +252,10 @@ TEST_CASE("section errors", "[loadvm]")
         size_t cmd = find(s, {0x08, 0, 0x0b, 0, 0});
         s[cmd + 2] = 0x0c;
         CHECK(load_error(s) == "MIG_CMD 0xc unknown (len 0x0)");
-        s[cmd + 2] = 0x01;
-        CHECK(load_error(s).find("MIG_CMD 0x1 is not supported") == 0);
+        s[cmd + 2] = 0x03; // POSTCOPY_ADVISE
+        CHECK(load_error(s).find("MIG_CMD 0x3 is not supported") == 0);
+        s[cmd + 2] = 0x01; // OPEN_RETURN_PATH, to a handler without one
+        CHECK(load_error(s) == "this destination has no return path");
     }
     SECTION("bad globalstate runstate")
     {
@@ -341,4 +344,121 @@ TEST_CASE("random bytes after a good header never crash the loader", "[loadvm]")
         FakeRam ram;
         (void)load(s, ram); // FakeRam's REQUIREs catch any out-of-range access
     }
+}
+
+// A destination with a return path: what it was asked to send.
+struct ReturnPathRam : FakeRam {
+    int opened = 0;
+    std::vector<uint32_t> pongs;
+    Status open_return_path() override
+    {
+        opened++;
+        return {};
+    }
+    Status ping(uint32_t value) override
+    {
+        pongs.push_back(value);
+        return {};
+    }
+};
+
+// good_stream() with `commands` right after the configuration section.
+std::vector<uint8_t> with_commands(const std::vector<uint8_t> &commands)
+{
+    auto s = good_stream();
+    size_t at = find(s, {QEMU_VM_SECTION_START, 0, 0, 0, 1});
+    s.insert(s.begin() + long(at), commands.begin(), commands.end());
+    return s;
+}
+
+TEST_CASE("return path commands", "[loadvm][return-path]")
+{
+    std::vector<uint8_t> cmds;
+    ByteWriter w(cmds);
+    SECTION("open, then ping")
+    {
+        savevm_put_command(w, MIG_CMD_OPEN_RETURN_PATH);
+        savevm_put_ping(w, RP_PING_OPEN);
+        savevm_put_ping(w, 7);
+        ReturnPathRam ram;
+        auto bytes = with_commands(cmds);
+        MemoryInputStream in2(bytes.data(), bytes.size());
+        QEMUFileReader f(in2, 64);
+        REQUIRE(qemu_loadvm_state(f, config(), ram).ok());
+        CHECK(ram.opened == 1);
+        CHECK(ram.pongs == std::vector<uint32_t>{1, 7});
+    }
+    SECTION("ping without a return path")
+    {
+        savevm_put_ping(w, 9);
+        CHECK(load_error(with_commands(cmds)) == "CMD_PING (0x9) received with no return path");
+    }
+    SECTION("opened twice")
+    {
+        savevm_put_command(w, MIG_CMD_OPEN_RETURN_PATH);
+        savevm_put_command(w, MIG_CMD_OPEN_RETURN_PATH);
+        ReturnPathRam ram;
+        auto bytes = with_commands(cmds);
+        MemoryInputStream in(bytes.data(), bytes.size());
+        QEMUFileReader f(in, 64);
+        auto r = qemu_loadvm_state(f, config(), ram);
+        REQUIRE_FALSE(r.ok());
+        CHECK(r.error().message() == "CMD_OPEN_RETURN_PATH called when RP already open");
+    }
+    SECTION("bad lengths")
+    {
+        w.u8(QEMU_VM_COMMAND);
+        w.be16(MIG_CMD_PING);
+        w.be16(3);
+        CHECK(load_error(with_commands(cmds)) ==
+              "PING received with bad length - expecting 4, got 3");
+        cmds.clear();
+        w.u8(QEMU_VM_COMMAND);
+        w.be16(MIG_CMD_OPEN_RETURN_PATH);
+        w.be16(1);
+        CHECK(load_error(with_commands(cmds)) ==
+              "OPEN_RETURN_PATH received with bad length - expecting 0, got 1");
+    }
+}
+
+TEST_CASE("return path messages", "[return-path]")
+{
+    std::vector<uint8_t> out;
+    rp_put_shut(out, 1);
+    rp_put_pong(out, 0x01020304);
+    REQUIRE(out.size() == 16);
+    uint16_t type = 0, len = 0;
+    REQUIRE(rp_header_decode(out.data(), &type, &len).ok());
+    CHECK((type == MIG_RP_MSG_SHUT && len == 4));
+    auto m = rp_payload_decode(type, out.data() + 4, len);
+    REQUIRE(m.ok());
+    CHECK(m->value == 1);
+    REQUIRE(rp_header_decode(out.data() + 8, &type, &len).ok());
+    CHECK(rp_payload_decode(type, out.data() + 12, len)->value == 0x01020304);
+
+    auto header = [](uint16_t t, uint16_t l) {
+        return std::vector<uint8_t>{uint8_t(t >> 8), uint8_t(t), uint8_t(l >> 8), uint8_t(l)};
+    };
+    CHECK(rp_header_decode(header(0, 4).data(), &type, &len).error().message() ==
+          "Received invalid message 0x0000 length 0x0004");
+    CHECK(rp_header_decode(header(9, 0).data(), &type, &len).error().message() ==
+          "Received invalid message 0x0009 length 0x0000");
+    CHECK(rp_header_decode(header(MIG_RP_MSG_SHUT, 5).data(), &type, &len).error().message() ==
+          "Received 'SHUT' message (0x0001) withincorrect length 5 expecting 4");
+    CHECK_FALSE(rp_header_decode(header(MIG_RP_MSG_REQ_PAGES_ID, 513).data(), &type, &len).ok());
+    // REQ_PAGES_ID: the idstr's length byte must match the message.
+    std::vector<uint8_t> req(13 + 3, 0);
+    req[12] = 3;
+    req[13] = 'm', req[14] = 'e', req[15] = 'm';
+    auto r = rp_payload_decode(MIG_RP_MSG_REQ_PAGES_ID, req.data(), uint16_t(req.size()));
+    REQUIRE(r.ok());
+    CHECK(r->idstr == "mem");
+    req[12] = 200;
+    CHECK(rp_payload_decode(MIG_RP_MSG_REQ_PAGES_ID, req.data(), uint16_t(req.size()))
+              .error()
+              .message() == "Req_Page_id with length 16 expecting 213");
+    std::vector<uint8_t> bm = {5, 'a'};
+    CHECK_FALSE(rp_payload_decode(MIG_RP_MSG_RECV_BITMAP, bm.data(), 2).ok());
+    CHECK(rp_payload_decode(MIG_RP_MSG_RECV_BITMAP, bm.data(), 0).error().message() ==
+          "MIG_RP_MSG_RECV_BITMAP missing block name");
 }

@@ -1,0 +1,132 @@
+#include "daemon/return_path.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "daemon/socket_io.h"
+#include "daemon/thread_name.h"
+#include "protocol/return_path.h"
+
+namespace qmigd {
+
+Result<std::unique_ptr<ReturnPathOut>> ReturnPathOut::open(int fd, TlsSession *tls)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) {
+        return Error("the return path needs a socket (tcp:, unix:, or fd: of a socket)");
+    }
+    return std::unique_ptr<ReturnPathOut>(new ReturnPathOut(fd, tls));
+}
+
+Status ReturnPathOut::pong(uint32_t value)
+{
+    std::vector<uint8_t> msg;
+    rp_put_pong(msg, value);
+    return channel_write(fd_, tls_, msg.data(), msg.size());
+}
+
+void ReturnPathOut::shut(bool failed)
+{
+    std::vector<uint8_t> msg;
+    rp_put_shut(msg, failed ? 1 : 0);
+    if (Status st = channel_write(fd_, tls_, msg.data(), msg.size()); !st) {
+        spdlog::info("return path: SHUT not delivered: {}", st.error().message());
+    }
+}
+
+ReturnPathIn::ReturnPathIn(int fd, TlsSession *tls) : fd_(fd), tls_(tls)
+{
+    thread_ = std::thread([this] {
+        set_thread_name("mig/src/rp");
+        run();
+    });
+}
+
+ReturnPathIn::~ReturnPathIn()
+{
+    if (thread_.joinable()) {
+        shutdown_fd(fd_);
+        thread_.join();
+    }
+}
+
+std::optional<Error> ReturnPathIn::failed()
+{
+    std::lock_guard<std::mutex> lk(mu_);
+    return error_;
+}
+
+Status ReturnPathIn::wait()
+{
+    if (thread_.joinable()) {
+        thread_.join();
+    }
+    auto err = failed();
+    return err ? Status(*err) : Status();
+}
+
+// Exactly n bytes of the return path; EOF is an error.
+static Status read_exact(int fd, TlsSession *tls, uint8_t *p, size_t n)
+{
+    while (n) {
+        auto r = channel_read(fd, tls, p, n);
+        QMIGD_TRY(r);
+        if (*r == 0) {
+            return Error("return path: the destination closed it without a SHUT");
+        }
+        p += *r;
+        n -= *r;
+    }
+    return {};
+}
+
+Status ReturnPathIn::read_message(bool *shut)
+{
+    uint8_t header[RP_HEADER_SIZE];
+    QMIGD_TRY(read_exact(fd_, tls_, header, sizeof(header)));
+    uint16_t type = 0, len = 0;
+    QMIGD_TRY(rp_header_decode(header, &type, &len));
+    uint8_t payload[RP_MAX_PAYLOAD];
+    if (Status st = read_exact(fd_, tls_, payload, len); !st) {
+        return Error(fmt::format("Failed reading data for message 0x{:04x}: {}", type,
+                                 st.error().message()));
+    }
+    auto m = rp_payload_decode(type, payload, len);
+    QMIGD_TRY(m);
+    switch (m->type) {
+    case MIG_RP_MSG_SHUT:
+        *shut = true;
+        spdlog::info("return path: the destination says {}",
+                     m->value ? "it failed" : "it is done");
+        if (m->value) {
+            return Error(fmt::format("Sibling indicated error {}", m->value));
+        }
+        return {};
+    case MIG_RP_MSG_PONG:
+        spdlog::debug("return path: PONG {}", m->value);
+        return {};
+    default:
+        // Page requests, bitmaps and acks belong to postcopy and switchover-ack.
+        return Error(fmt::format("return path: '{}' message (0x{:04x}) but postcopy is not "
+                                 "running",
+                                 rp_message_name(m->type), m->type));
+    }
+}
+
+void ReturnPathIn::run()
+{
+    bool shut = false;
+    Status st;
+    while (st && !shut) {
+        st = read_message(&shut);
+    }
+    if (!st) {
+        std::lock_guard<std::mutex> lk(mu_);
+        error_ = st.error();
+    }
+}
+
+} // namespace qmigd

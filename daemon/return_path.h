@@ -1,0 +1,67 @@
+// The return path of a migration (QEMU's migration.c: the destination's
+// migrate_send_rp_*() and the source's source_return_path_thread()): the
+// main channel's socket, read the other way. Messages are framed in
+// protocol/return_path.h.
+//
+// Precopy uses it for the destination's verdict: SHUT(0) once the whole
+// stream loaded (a parked VM is durable by then), SHUT(1) when loading
+// failed, so that the source fails too instead of reporting `completed`
+// for a VM nobody runs; and PONG, the answer to each PING command.
+#pragma once
+
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "protocol/error.h"
+
+namespace qmigd {
+
+class TlsSession;
+
+// Destination: what goes back. Used by the load thread only.
+class ReturnPathOut {
+public:
+    // `fd` must be a socket (the return path is its other direction).
+    static Result<std::unique_ptr<ReturnPathOut>> open(int fd, TlsSession *tls);
+    Status pong(uint32_t value);
+    // The verdict; a source that is gone already is not an error here.
+    void shut(bool failed);
+
+private:
+    ReturnPathOut(int fd, TlsSession *tls) : fd_(fd), tls_(tls) {}
+    int fd_;
+    TlsSession *tls_;
+};
+
+// Source: a thread that reads the destination's messages until SHUT.
+//
+// Thread ownership: the reader thread writes error_ (under mu_) and done_;
+// the migration thread reads them through failed() and wait(). The socket
+// is the migration's: shutting it down (cancel, failure) ends the reader.
+class ReturnPathIn {
+public:
+    ReturnPathIn(int fd, TlsSession *tls);
+    ~ReturnPathIn();
+    ReturnPathIn(const ReturnPathIn &) = delete;
+    ReturnPathIn &operator=(const ReturnPathIn &) = delete;
+
+    // The error that ended the reader, if it ended with one (any time).
+    std::optional<Error> failed();
+    // Waits for the reader to end (the destination's SHUT, or the socket
+    // shut down); its error if there was one.
+    Status wait();
+
+private:
+    void run();
+    Status read_message(bool *shut);
+
+    int fd_;
+    TlsSession *tls_;
+    std::mutex mu_;
+    std::optional<Error> error_; // protected by mu_
+    std::thread thread_;
+};
+
+} // namespace qmigd

@@ -1,0 +1,39 @@
+// libFuzzer target: what a destination sends back on the return path, as
+// a qmigd source reads it (header, then a payload of the length the header
+// allows). A message that decodes has a known type, and names of no more
+// bytes than the message carried.
+#include <cstdint>
+#include <cstring>
+
+#include "protocol/return_path.h"
+
+using namespace qmigd;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    while (size >= RP_HEADER_SIZE) {
+        uint16_t type = 0, len = 0;
+        if (!rp_header_decode(data, &type, &len).ok()) {
+            return 0;
+        }
+        if (len > RP_MAX_PAYLOAD || type == MIG_RP_MSG_INVALID || type >= MIG_RP_MSG_MAX) {
+            __builtin_trap();
+        }
+        data += RP_HEADER_SIZE;
+        size -= RP_HEADER_SIZE;
+        if (len > size) {
+            return 0; // the reader would wait for the rest
+        }
+        uint8_t payload[RP_MAX_PAYLOAD]; // as the reader's buffer: exactly len bytes valid
+        std::memcpy(payload, data, len);
+        auto m = rp_payload_decode(type, payload, len);
+        // A name decoded from the message lies inside it.
+        size_t name_at = type == MIG_RP_MSG_REQ_PAGES_ID ? 13 : 1;
+        if (m.ok() && !m->idstr.empty() && name_at + m->idstr.size() > len) {
+            __builtin_trap();
+        }
+        data += len;
+        size -= len;
+    }
+    return 0;
+}
