@@ -353,6 +353,20 @@ Status MigrationThread::sync_if_file()
 
 Status MigrationThread::run()
 {
+    Status st = migrate();
+    if (!st && rp_ && !shared_.cancel_requested) {
+        // A destination that failed says why on the return path and then
+        // closes, which the channels may see first (a write error): its
+        // verdict, if it comes within a moment, is the better error.
+        if (auto verdict = rp_->failed_within(std::chrono::seconds(1))) {
+            return *verdict;
+        }
+    }
+    return st;
+}
+
+Status MigrationThread::migrate()
+{
     if (p_.tls.enabled()) {
         auto t = TlsSession::client(main_fd_, *p_.tls.creds, p_.tls.hostname);
         QMIGD_TRY(t);

@@ -56,6 +56,7 @@ private:
     using Clock = std::chrono::steady_clock;
 
     uint32_t ram_section_id() const;
+    Status migrate(); // run() without the return path's last word
     Status setup();
     Status iterate();
     void update_counters();

@@ -59,6 +59,13 @@ std::optional<Error> ReturnPathIn::failed()
     return error_;
 }
 
+std::optional<Error> ReturnPathIn::failed_within(std::chrono::milliseconds limit)
+{
+    std::unique_lock<std::mutex> lk(mu_);
+    ended_cv_.wait_for(lk, limit, [this] { return ended_; });
+    return error_;
+}
+
 Status ReturnPathIn::wait()
 {
     if (thread_.joinable()) {
@@ -123,10 +130,14 @@ void ReturnPathIn::run()
     while (st && !shut) {
         st = read_message(&shut);
     }
-    if (!st) {
+    {
         std::lock_guard<std::mutex> lk(mu_);
-        error_ = st.error();
+        if (!st) {
+            error_ = st.error();
+        }
+        ended_ = true;
     }
+    ended_cv_.notify_all();
 }
 
 } // namespace qmigd

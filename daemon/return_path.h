@@ -10,6 +10,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -49,6 +51,8 @@ public:
 
     // The error that ended the reader, if it ended with one (any time).
     std::optional<Error> failed();
+    // The same, waiting up to `limit` for the reader to end.
+    std::optional<Error> failed_within(std::chrono::milliseconds limit);
     // Waits for the reader to end (the destination's SHUT, or the socket
     // shut down); its error if there was one.
     Status wait();
@@ -60,7 +64,9 @@ private:
     int fd_;
     TlsSession *tls_;
     std::mutex mu_;
+    std::condition_variable ended_cv_;
     std::optional<Error> error_; // protected by mu_
+    bool ended_ = false;         // protected by mu_
     std::thread thread_;
 };
 

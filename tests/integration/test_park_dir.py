@@ -263,7 +263,10 @@ def traced(tag):
     if not STRACE:
         skip("strace is not installed")
     out = log_file(unique_name(tag), ".strace")
-    return out, [STRACE, "-f", "-y", "-s", "120", "-o", out,
+    # LeakSanitizer cannot run under ptrace: an ASan build leaves it off here.
+    asan = os.environ.get("ASAN_OPTIONS", "")
+    return out, ["env", f"ASAN_OPTIONS={asan + ':' if asan else ''}detect_leaks=0",
+                 STRACE, "-f", "-y", "-s", "120", "-o", out,
                  "-e", "trace=fsync,fdatasync,rename,renameat,renameat2,write"]
 
 

@@ -1,0 +1,259 @@
+// The destination's loop side of its channels (QEMU's
+// migration_ioc_process_incoming() and migration_tls_incoming_handshake()):
+// what a connection is by its first bytes, after a TLS handshake where
+// there is one, and what strangers on the port may hold.
+#include "daemon/incoming.h"
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "daemon/socket_io.h"
+#include "protocol/multifd_packet.h"
+#include "protocol/wire.h"
+
+namespace qmigd {
+
+// QEMU's migration_ioc_process_incoming(): a channel that starts with the
+// stream's magic is the main one; with multifd, anything else is a multifd
+// channel's init message.
+static bool is_main_channel(const std::vector<uint8_t> &prefix)
+{
+    return prefix.size() >= 4 && get_be32(prefix.data()) == QEMU_VM_FILE_MAGIC;
+}
+
+// How long a connection may take to identify itself, and how many may be
+// trying at once: a source sends its first bytes at once, over TLS after
+// a handshake of a few round trips; a dead link is detected no later.
+ListenerLimits IncomingMigration::stranger_limits() const
+{
+    ListenerLimits l;
+    if (params_.link_timeout_ms) {
+        l.identify_ms = std::min<uint64_t>(l.identify_ms, params_.link_timeout_ms);
+    }
+    return l;
+}
+
+void IncomingMigration::on_prefix(PendingConnection *c, const Error *err)
+{
+    bool active = status_ == MigrationStatus::Active;
+    if (!active && status_ != MigrationStatus::Setup) {
+        if (c) {
+            c->close();
+        }
+        return;
+    }
+    if (err) {
+        // Active: a stranger that went away (the channels are the threads').
+        if (!active) {
+            fail_setup(*err);
+        }
+        return;
+    }
+    if (params_.tls.enabled()) {
+        start_tls(c);
+        return;
+    }
+    if (active) {
+        auto prefix = c->prefix();
+        if (params_.multifd && get_be32(prefix.data()) == MULTIFD_MAGIC &&
+            prefix.size() < MULTIFD_INIT_SIZE) {
+            c->want(MULTIFD_INIT_SIZE); // a whole init message, or a stranger
+            return;
+        }
+        auto fd = c->take();
+        if (fd) {
+            extra_connection(prefix, *fd);
+        }
+        return;
+    }
+    auto prefix = c->prefix();
+    if (params_.multifd && !is_main_channel(prefix) && prefix.size() < MULTIFD_INIT_SIZE) {
+        c->want(MULTIFD_INIT_SIZE);
+        return;
+    }
+    auto fd = c->take();
+    if (!fd) {
+        fail_setup(fd.error());
+        return;
+    }
+    adopt(std::move(prefix), *fd, nullptr);
+}
+
+void IncomingMigration::extra_connection(const std::vector<uint8_t> &prefix, int fd)
+{
+    ::close(fd);
+    // A multifd channel of this source: its init message is whole and
+    // carries our UUID (any channel id: a source with more channels than
+    // we expect is what this reports).
+    bool multifd_init = params_.multifd && prefix.size() >= MULTIFD_INIT_SIZE &&
+                        multifd_init_decode(prefix.data(), params_.uuid, 256).ok();
+    if (!is_main_channel(prefix) && !multifd_init) {
+        spdlog::info("incoming migration: closed a connection that is no migration channel");
+        return;
+    }
+    // Threads own the channels now: this is a source opening more
+    // channels than we were configured for.
+    abort_with(Error(fmt::format("Extra incoming migration connection: the source opened "
+                                 "more channels than configured (multifd {}, {} channels)",
+                                 params_.multifd ? "on" : "off", params_.channels)));
+}
+
+void IncomingMigration::adopt(std::vector<uint8_t> prefix, int fd, std::shared_ptr<TlsSession> tls)
+{
+    if (status_ == MigrationStatus::Active) {
+        extra_connection(prefix, fd);
+        return;
+    }
+    if (!params_.multifd || is_main_channel(prefix)) {
+        if (main_) {
+            ::close(fd);
+            fail_setup(Error(params_.multifd ? "Extra incoming migration connection: a second "
+                                               "main channel"
+                                             : "Extra incoming migration connection: multifd is "
+                                               "off here, but the source opened more than one "
+                                               "channel"));
+            return;
+        }
+        main_ = Channel{fd, std::move(prefix), std::move(tls)};
+        maybe_start();
+        return;
+    }
+    if (auto st = accept_multifd(prefix, fd, std::move(tls)); !st) {
+        ::close(fd);
+        fail_setup(st.error());
+        return;
+    }
+    maybe_start();
+}
+
+Status IncomingMigration::accept_multifd(const std::vector<uint8_t> &prefix, int fd,
+                                         std::shared_ptr<TlsSession> tls)
+{
+    if (prefix.size() < MULTIFD_INIT_SIZE) {
+        return Error("multifd: the channel closed before its init message");
+    }
+    auto id = multifd_init_decode(prefix.data(), params_.uuid, params_.channels);
+    QMIGD_TRY(id);
+    if (multifd_[*id]) {
+        return Error(fmt::format("multifd: received id '{}' already setup'", *id));
+    }
+    multifd_[*id] = Channel{fd, {}, std::move(tls)};
+    return {};
+}
+
+// The listener read a TLS ClientHello's first bytes: the connection goes
+// to a handshake thread, those bytes with it.
+void IncomingMigration::start_tls(PendingConnection *c)
+{
+    auto raw = c->prefix();
+    auto fd = c->take();
+    if (!fd) {
+        if (status_ == MigrationStatus::Setup) {
+            fail_setup(fd.error());
+        }
+        return;
+    }
+    handshake_on_thread(*fd, std::move(raw));
+}
+
+// `raw`: the bytes a listener read already (the ClientHello's first ones).
+void IncomingMigration::handshake_on_thread(int fd, std::vector<uint8_t> raw)
+{
+    if (!handshakes_) {
+        // Each holds a thread: far fewer than plain connections. A source
+        // needs 1 + channels of them, each for a few milliseconds.
+        ListenerLimits l = stranger_limits();
+        l.max_pending = kMaxTlsHandshakes;
+        handshakes_ = std::make_unique<TlsHandshakes>(loop_, dispatcher_, l);
+    }
+    uint64_t gen = generation_;
+    handshakes_->start(fd, [this, gen, fd, raw = std::move(raw)](TlsHandshakes::Heard &heard) {
+        std::shared_ptr<TlsSession> tls;
+        auto prefix = tls_identify(fd, raw, heard, &tls);
+        return TlsHandshakes::Then(
+            [this, gen, fd, prefix, tls](bool ended) { tls_ready(gen, fd, prefix, tls, ended); });
+    });
+}
+
+// Handshake thread: the handshake, then the first decrypted bytes, which
+// say what the channel is: a main channel's magic, or a multifd init
+// message (64 bytes).
+Result<std::vector<uint8_t>> IncomingMigration::tls_identify(int fd, std::vector<uint8_t> raw,
+                                                             TlsHandshakes::Heard &heard,
+                                                             std::shared_ptr<TlsSession> *tls)
+{
+    auto t = TlsSession::server(fd, *params_.tls.creds, params_.tls.authz.get(), std::move(raw),
+                                &heard);
+    if (!t) {
+        return t.error();
+    }
+    *tls = std::move(*t);
+    std::vector<uint8_t> p(MULTIFD_INIT_SIZE);
+    size_t have = 0, want = 4;
+    Result<std::vector<uint8_t>> out = Error("the channel closed before it identified itself");
+    while (have < want) {
+        auto r = (*tls)->read(p.data() + have, want - have);
+        if (!r || *r == 0) {
+            out = r ? out : Result<std::vector<uint8_t>>(r.error());
+            (*tls)->stop_hearing();
+            return out;
+        }
+        have += *r;
+        if (have == 4 && params_.multifd && !is_main_channel(p)) {
+            want = MULTIFD_INIT_SIZE;
+        }
+    }
+    (*tls)->stop_hearing();
+    p.resize(have);
+    return p;
+}
+
+void IncomingMigration::tls_ready(uint64_t gen, int fd, Result<std::vector<uint8_t>> prefix,
+                                  std::shared_ptr<TlsSession> tls, bool ended)
+{
+    bool setup = status_ == MigrationStatus::Setup;
+    if (gen != generation_ || (!setup && status_ != MigrationStatus::Active)) {
+        ::close(fd); // cleaned up or cancelled meanwhile
+        return;
+    }
+    if (prefix) {
+        adopt(std::move(*prefix), fd, std::move(tls));
+        return;
+    }
+    ::close(fd);
+    // fd:'s or exec:'s one channel: nothing else will come.
+    if (setup && !listener_) {
+        fail_setup(prefix.error());
+        return;
+    }
+    if (ended) {
+        return; // a stranger past its deadline or evicted: counted and logged there
+    }
+    // After a whole handshake the peer holds our CA's certificate (or
+    // verify-peer is off): a channel that closes before it identifies
+    // itself ends the migration, as a plain one does and QEMU's does.
+    if (setup && tls) {
+        fail_setup(prefix.error());
+        return;
+    }
+    // A failed handshake (QEMU's migration_tls_incoming_handshake): the
+    // listener goes on, so that whoever reaches the port without the
+    // credentials cannot end the incoming migration. Said at most once a
+    // second, with how many more there were.
+    uint64_t now = uv_now(loop_);
+    if (now - tls_failed_logged_ms_ >= 1000 || !tls_failed_logged_ms_) {
+        spdlog::warn("incoming migration: connection closed, still listening: {}{}",
+                     prefix.error().message(),
+                     tls_failed_quiet_ ? fmt::format(" ({} more since the last such line)",
+                                                     tls_failed_quiet_)
+                                       : std::string());
+        tls_failed_logged_ms_ = now;
+        tls_failed_quiet_ = 0;
+    } else {
+        tls_failed_quiet_++;
+    }
+}
+
+} // namespace qmigd

@@ -1,0 +1,349 @@
+// The destination's migration threads: the load thread (the main
+// channel through qemu_loadvm_state(), into the images), one receive
+// thread per multifd channel, and parking a VM's blocks as they come.
+#include "daemon/incoming.h"
+
+#include <cstring>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "daemon/socket_io.h"
+#include "daemon/thread_name.h"
+#include "protocol/multifd_compress.h"
+#include "protocol/multifd_packet.h"
+#include "protocol/wire.h"
+
+namespace qmigd {
+
+namespace {
+
+// The destination's side of the loader: pages go into the images. Pages
+// of the main channel come one at a time; consecutive ones are gathered and
+// stored with one write (a pwrite, or one pre-fault on the mapped path).
+// The run is stored before anything that could touch the same pages: a zero
+// page, a MULTIFD_FLUSH (after which channels may rewrite them), the end.
+class ImageLoadHandler : public LoadvmHandler {
+public:
+    static constexpr uint32_t kRunPages = 64;
+
+    using Announce = std::function<Status(const std::vector<RamBlockDesc> &)>;
+
+    ImageLoadHandler(std::vector<RAMBlock> &blocks, MultifdRecvSync *sync,
+                     const MappedRamFileIn *file, Announce announce,
+                     std::function<Status()> open_rp, std::unique_ptr<ReturnPathOut> &rp)
+        : blocks_(blocks), sync_(sync), file_(file), announce_(std::move(announce)),
+          open_rp_(std::move(open_rp)), rp_(rp), run_(new uint8_t[kRunPages * TARGET_PAGE_SIZE])
+    {
+    }
+    Status open_return_path() override { return open_rp_(); }
+    Status ping(uint32_t value) override { return rp_->pong(value); }
+    Status announce_blocks(const std::vector<RamBlockDesc> &descs) override
+    {
+        return announce_ ? announce_(descs) : LoadvmHandler::announce_blocks(descs);
+    }
+    Status mapped_ram_block(size_t block, const MappedRamHeader &h) override
+    {
+        QMIGD_TRY(flush());
+        if (!file_) {
+            return Error("mapped-ram is not enabled");
+        }
+        return mapped_ram_load_block(*file_, blocks_[block], h, &file_counts_);
+    }
+    const MappedRamCounts &file_counts() const { return file_counts_; }
+    Status put_page(size_t block, uint64_t offset, const uint8_t *data) override
+    {
+        bool extends = run_pages_ && block == run_block_ &&
+                       offset == run_offset_ + run_pages_ * TARGET_PAGE_SIZE;
+        if (!extends || run_pages_ == kRunPages) {
+            QMIGD_TRY(flush());
+            run_block_ = block;
+            run_offset_ = offset;
+        }
+        std::memcpy(run_.get() + size_t(run_pages_++) * TARGET_PAGE_SIZE, data, TARGET_PAGE_SIZE);
+        return {};
+    }
+    Status zero_page(size_t block, uint64_t offset) override
+    {
+        QMIGD_TRY(flush());
+        return blocks_[block].image->zero_page(offset);
+    }
+    Status multifd_flush() override
+    {
+        QMIGD_TRY(flush());
+        return sync_ ? sync_->main_flush() : Status(Error("multifd is not enabled"));
+    }
+    Status flush()
+    {
+        uint32_t n = run_pages_;
+        run_pages_ = 0;
+        return n ? blocks_[run_block_].image->write(run_offset_, run_.get(),
+                                                    size_t(n) * TARGET_PAGE_SIZE)
+                 : Status();
+    }
+
+private:
+    std::vector<RAMBlock> &blocks_;
+    MultifdRecvSync *sync_;
+    const MappedRamFileIn *file_; // null unless mapped-ram
+    Announce announce_;           // park mode only
+    std::function<Status()> open_rp_;
+    std::unique_ptr<ReturnPathOut> &rp_; // set by open_rp_
+    MappedRamCounts file_counts_;
+    std::unique_ptr<uint8_t[]> run_;
+    size_t run_block_ = 0;
+    uint64_t run_offset_ = 0;
+    uint32_t run_pages_ = 0;
+};
+
+} // namespace
+
+// One receive channel's state, owned by its thread: the packet buffer of
+// the File page path and, with multifd-compression, the stream and its
+// input buffer.
+struct RecvChannelState {
+    std::unique_ptr<uint8_t[]> buf{new uint8_t[MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE]};
+    std::unique_ptr<MultiFDDecompressor> decompressor;
+    std::unique_ptr<uint8_t[]> zbuf;
+};
+
+// Inflates a packet's compressed payload into its pages' places (the
+// runs prepare_pages() gave, page by page in offset order).
+static Status receive_compressed(ChannelReader &in, RecvChannelState &ch, const MultiFDPacket &p,
+                                 const struct iovec *iov, int niov)
+{
+    struct iovec z = {ch.zbuf.get(), p.next_packet_size};
+    QMIGD_TRY(in.readv(&z, 1));
+    uint8_t *pages[MULTIFD_PACKET_PAGES];
+    uint32_t n = 0;
+    for (int k = 0; k < niov; k++) {
+        for (size_t off = 0; off < iov[k].iov_len; off += TARGET_PAGE_SIZE) {
+            pages[n++] = static_cast<uint8_t *>(iov[k].iov_base) + off;
+        }
+    }
+    return ch.decompressor->decompress(ch.zbuf.get(), p.next_packet_size, pages, n);
+}
+
+// Receives a packet's page data into the image (straight into the
+// mapping, or through ch.buf and pwrite: the image's page path), and makes
+// its zero pages zero.
+static Status receive_packet(ChannelReader &in, RamImage &img, const MultiFDPacket &p,
+                             RecvChannelState &ch)
+{
+    for (uint32_t i = 0; i < p.zero_pages; i++) {
+        QMIGD_TRY(img.zero_page(p.offsets[p.normal_pages + i]));
+    }
+    if (!p.normal_pages) {
+        return {};
+    }
+    struct iovec iov[MULTIFD_PACKET_PAGES];
+    int niov = 0;
+    QMIGD_TRY(img.prepare_pages(p.offsets.data(), p.normal_pages, ch.buf.get(), iov, &niov));
+    if (ch.decompressor) {
+        QMIGD_TRY(receive_compressed(in, ch, p, iov, niov));
+    } else {
+        QMIGD_TRY(in.readv(iov, niov));
+    }
+    return img.commit_pages(p.offsets.data(), p.normal_pages, ch.buf.get());
+}
+
+void IncomingMigration::recv_thread_main(size_t id)
+{
+    ChannelReader in(multifd_[id]->fd, multifd_[id]->tls.get());
+    uint8_t header[MULTIFD_PACKET_HEADER_SIZE];
+    RecvChannelState ch;
+    const MultiFDMethod &method = multifd_method(params_.compression);
+    Status st;
+    if (params_.compression != MultiFDCompression::None) {
+        auto d = method.make_decompressor();
+        st = d.status();
+        if (d) {
+            ch.decompressor = std::move(*d);
+            ch.zbuf.reset(new uint8_t[MULTIFD_COMPRESSED_MAX]);
+        }
+    }
+    while (st) {
+        auto got = in.read(header, sizeof(header));
+        if (!got || *got == 0) {
+            if (!got && !loading_done_) {
+                st = got.status();
+            }
+            break; // EOF at a packet boundary: the source is done with us
+        }
+        const std::vector<RamBlockDesc> *descs = packet_blocks();
+        if (!descs) {
+            break;
+        }
+        auto p = multifd_packet_decode(header, *descs, method.flag);
+        st = p.status();
+        if (st) {
+            st = receive_packet(in, *blocks_[p->block].image, *p, ch);
+        }
+        if (!st) {
+            break;
+        }
+        normal_pages_.fetch_add(p->normal_pages, std::memory_order_relaxed);
+        zero_pages_.fetch_add(p->zero_pages, std::memory_order_relaxed);
+        bytes_.fetch_add(sizeof(header) + p->data_bytes(), std::memory_order_relaxed);
+        if (p->is_sync() && !sync_->channel_sync(id)) {
+            break;
+        }
+    }
+    if (!st) {
+        abort_with(Error(st.error()).prepend(fmt::format("multifd channel {}: ", id)));
+    }
+    sync_->channel_closed(id);
+}
+
+Status IncomingMigration::park_announce(const std::vector<RamBlockDesc> &descs)
+{
+    for (size_t i = 0; i < descs.size(); i++) {
+        RamBlockSpec spec;
+        spec.name = descs[i].idstr;
+        spec.path = parked_block_path(params_.park_dir, i, descs[i].idstr);
+        spec.size = descs[i].used_length;
+        spec.open = ImageOpen::Create;
+        // No vm.json here (park_dir_check): a file of that name is what a
+        // park that was killed left, never part of a parked VM.
+        if (::unlink(spec.path.c_str()) == 0) {
+            spdlog::info("incoming migration: removed {}, left by an unfinished park",
+                         spec.path);
+        }
+        auto b = ram_block_open(spec, false);
+        QMIGD_TRY(b);
+        b->image->scan_holes();
+        blocks_.push_back(std::move(*b));
+    }
+    spdlog::info("incoming migration: parking {} RAM blocks in {}", descs.size(),
+                 params_.park_dir);
+    {
+        std::lock_guard<std::mutex> lk(park_mu_);
+        park_descs_ = descs;
+        park_ready_ = true;
+    }
+    park_cv_.notify_all();
+    return {};
+}
+
+const std::vector<RamBlockDesc> *IncomingMigration::packet_blocks()
+{
+    if (!load_cfg_.park) {
+        return &load_cfg_.blocks;
+    }
+    std::unique_lock<std::mutex> lk(park_mu_);
+    park_cv_.wait(lk, [this] { return park_ready_ || park_abort_; });
+    return park_abort_ ? nullptr : &park_descs_;
+}
+
+Result<ParkedVm> IncomingMigration::park_finish(LoadvmResult &result)
+{
+    ParkedVm vm;
+    vm.dir = params_.park_dir;
+    vm.machine_type = result.machine_type;
+    vm.uuid = result.uuid;
+    vm.ram_section_id = result.ram_section_id;
+    for (const auto &d : park_descs_) {
+        vm.blocks.push_back({d.idstr, d.used_length});
+    }
+    vm.device_state = std::move(result.device_state);
+    // Durable before the record names them: the record is the commit.
+    for (const auto &b : blocks_) {
+        QMIGD_TRY(b.image->sync());
+    }
+    QMIGD_TRY(parked_vm_write(vm));
+    spdlog::info("incoming migration: parked VM '{}' in {}: {} RAM blocks, {} bytes of device "
+                 "state",
+                 vm.machine_type, vm.dir, vm.blocks.size(), vm.device_state.size());
+    vm.device_state_bytes = vm.device_state.size();
+    vm.device_state.clear(); // written; the loop keeps only the summary
+    return vm;
+}
+
+void IncomingMigration::park_discard()
+{
+    for (size_t i = 0; i < blocks_.size(); i++) {
+        ::unlink(parked_block_path(params_.park_dir, i, blocks_[i].desc.idstr).c_str());
+    }
+    blocks_.clear();
+    parked_.reset();
+}
+
+void IncomingMigration::load_thread_main()
+{
+    for (size_t i = 0; i < multifd_.size(); i++) {
+        recv_threads_.emplace_back([this, i] {
+            set_thread_name("mig/dst/recv_" + std::to_string(i));
+            recv_thread_main(i);
+        });
+    }
+    FdInputStream in(main_->fd, main_->prefix, main_->tls.get());
+    QEMUFileReader f(in, 256 * 1024);
+    ImageLoadHandler::Announce announce;
+    if (load_cfg_.park) {
+        announce = [this](const std::vector<RamBlockDesc> &d) { return park_announce(d); };
+    }
+    auto open_rp = [this]() -> Status {
+        auto rp = ReturnPathOut::open(main_->fd, main_->tls.get());
+        QMIGD_TRY(rp);
+        rp_ = std::move(*rp);
+        rp_open_ = true; // abort_with() leaves its write side open from now on
+        return {};
+    };
+    ImageLoadHandler handler(blocks_, sync_.get(), params_.mapped_ram ? &file_in_ : nullptr,
+                             std::move(announce), open_rp, rp_);
+    auto result = qemu_loadvm_state(f, load_cfg_, handler);
+    if (result) {
+        if (Status st = handler.flush(); !st) {
+            result = st.error();
+        }
+    }
+    std::optional<ParkedVm> parked;
+    if (result && load_cfg_.park) {
+        auto vm = park_finish(*result);
+        if (vm) {
+            parked = std::move(*vm);
+        } else {
+            result = vm.error();
+        }
+    }
+    bytes_.fetch_add(f.pos(), std::memory_order_relaxed);
+    if (result) {
+        normal_pages_.fetch_add(result->normal_pages + handler.file_counts().normal);
+        zero_pages_.fetch_add(result->zero_pages + handler.file_counts().zero);
+        // Everything the channels carry precedes the last flush; whatever
+        // they do now cannot change the outcome.
+        loading_done_ = true;
+        if (sync_) {
+            sync_->abort();
+        }
+        for (const auto &ch : multifd_) {
+            shutdown_fd(ch->fd);
+        }
+    } else {
+        abort_with(result.error());
+    }
+    for (auto &t : recv_threads_) {
+        t.join();
+    }
+    recv_threads_.clear();
+    std::optional<Error> err;
+    {
+        std::lock_guard<std::mutex> lk(err_mu_);
+        err = thread_error_;
+    }
+    if (rp_) {
+        // The verdict, once everything is loaded (and a parked VM durable):
+        // QEMU's migration_incoming_state_destroy().
+        rp_->shut(!result || err);
+        rp_.reset();
+    }
+    std::string runstate = result ? result->runstate : "inmigrate";
+    dispatcher_.post([this, err, runstate, parked = std::move(parked)]() mutable {
+        parked_ = std::move(parked);
+        finish(err, runstate);
+    });
+}
+
+} // namespace qmigd
