@@ -97,9 +97,10 @@ private:
     // TLS: the handshake and the first decrypted bytes, on a thread of
     // handshakes_; the result comes back to the loop (tls_ready).
     void start_tls(PendingConnection *c);
+    static size_t tls_record_wanted(const std::vector<uint8_t> &prefix);
     void handshake_on_thread(int fd, std::vector<uint8_t> raw);
     Result<std::vector<uint8_t>> tls_identify(int fd, std::vector<uint8_t> raw,
-                                              TlsHandshakes::Heard &heard,
+                                              TlsHandshakes::Progress &progress,
                                               std::shared_ptr<TlsSession> *tls);
     // `ended`: handshakes_ ended it (a stranger past its deadline).
     void tls_ready(uint64_t generation, int fd, Result<std::vector<uint8_t>> prefix,

@@ -52,6 +52,10 @@ void IncomingMigration::on_prefix(PendingConnection *c, const Error *err)
         return;
     }
     if (params_.tls.enabled()) {
+        if (size_t whole = tls_record_wanted(c->prefix()); whole > c->prefix().size()) {
+            c->want(whole); // no thread for a ClientHello that is not all there
+            return;
+        }
         start_tls(c);
         return;
     }
@@ -143,8 +147,27 @@ Status IncomingMigration::accept_multifd(const std::vector<uint8_t> &prefix, int
     return {};
 }
 
-// The listener read a TLS ClientHello's first bytes: the connection goes
-// to a handshake thread, those bytes with it.
+// How many bytes a TLS connection's first record takes (header and body):
+// a connection gets a handshake thread once its whole ClientHello is in. A
+// source sends it at once; a stranger that stalls in it holds a place among
+// the listener's pending connections, not a thread. Anything that is not a
+// TLS handshake record of a plausible length goes to a thread as it is,
+// where the handshake fails at once with GnuTLS's words.
+size_t IncomingMigration::tls_record_wanted(const std::vector<uint8_t> &prefix)
+{
+    constexpr uint8_t kHandshakeRecord = 0x16;
+    if (prefix.empty() || prefix[0] != kHandshakeRecord) {
+        return prefix.size();
+    }
+    if (prefix.size() < 5) {
+        return 5;
+    }
+    size_t whole = 5 + get_be16(prefix.data() + 3);
+    return whole <= PendingConnection::kMaxPrefix ? whole : prefix.size();
+}
+
+// The listener read a TLS ClientHello: the connection goes to a handshake
+// thread, those bytes with it.
 void IncomingMigration::start_tls(PendingConnection *c)
 {
     auto raw = c->prefix();
@@ -169,9 +192,10 @@ void IncomingMigration::handshake_on_thread(int fd, std::vector<uint8_t> raw)
         handshakes_ = std::make_unique<TlsHandshakes>(loop_, dispatcher_, l);
     }
     uint64_t gen = generation_;
-    handshakes_->start(fd, [this, gen, fd, raw = std::move(raw)](TlsHandshakes::Heard &heard) {
+    handshakes_->start(fd, [this, gen, fd, raw = std::move(raw)](
+                               TlsHandshakes::Progress &progress) {
         std::shared_ptr<TlsSession> tls;
-        auto prefix = tls_identify(fd, raw, heard, &tls);
+        auto prefix = tls_identify(fd, raw, progress, &tls);
         return TlsHandshakes::Then(
             [this, gen, fd, prefix, tls](bool ended) { tls_ready(gen, fd, prefix, tls, ended); });
     });
@@ -181,15 +205,16 @@ void IncomingMigration::handshake_on_thread(int fd, std::vector<uint8_t> raw)
 // say what the channel is: a main channel's magic, or a multifd init
 // message (64 bytes).
 Result<std::vector<uint8_t>> IncomingMigration::tls_identify(int fd, std::vector<uint8_t> raw,
-                                                             TlsHandshakes::Heard &heard,
+                                                             TlsHandshakes::Progress &progress,
                                                              std::shared_ptr<TlsSession> *tls)
 {
     auto t = TlsSession::server(fd, *params_.tls.creds, params_.tls.authz.get(), std::move(raw),
-                                &heard);
+                                &progress.bytes);
     if (!t) {
         return t.error();
     }
     *tls = std::move(*t);
+    progress.identifying = true;
     std::vector<uint8_t> p(MULTIFD_INIT_SIZE);
     size_t have = 0, want = 4;
     Result<std::vector<uint8_t>> out = Error("the channel closed before it identified itself");
@@ -197,7 +222,7 @@ Result<std::vector<uint8_t>> IncomingMigration::tls_identify(int fd, std::vector
         auto r = (*tls)->read(p.data() + have, want - have);
         if (!r || *r == 0) {
             out = r ? out : Result<std::vector<uint8_t>>(r.error());
-            (*tls)->stop_hearing();
+            (*tls)->stop_counting();
             return out;
         }
         have += *r;
@@ -205,7 +230,7 @@ Result<std::vector<uint8_t>> IncomingMigration::tls_identify(int fd, std::vector
             want = MULTIFD_INIT_SIZE;
         }
     }
-    (*tls)->stop_hearing();
+    (*tls)->stop_counting();
     p.resize(have);
     return p;
 }

@@ -160,7 +160,7 @@ void SocketListener::on_connection(uv_stream_t *server, int status)
     }
     auto *c = new PendingConnection;
     c->owner_ = self;
-    c->want_ = self->first_want_;
+    c->want(self->first_want_);
     c->accepted_ms_ = c->heard_ms_ = uv_now(self->loop_);
     c->h_.init(self->loop_, self->addr_.type, c);
     if (uv_accept(server, c->h_.stream()) != 0) {
@@ -204,7 +204,7 @@ void SocketListener::log_dropped()
 {
     if (evicted_ || expired_) {
         spdlog::warn("incoming migration: closed {} connections that did not identify themselves "
-                     "within {} ms and {} over the limit of {} (the quietest went), still "
+                     "within {} ms and {} over the limit of {} (the longest silent went), still "
                      "listening",
                      expired_, limits_.identify_ms, evicted_, limits_.max_pending);
         evicted_ = expired_ = 0;
@@ -219,7 +219,7 @@ void SocketListener::start_reading(PendingConnection *c)
         c->h_.stream(),
         [](uv_handle_t *h, size_t, uv_buf_t *buf) {
             auto *pc = static_cast<PendingConnection *>(h->data);
-            *buf = uv_buf_init(reinterpret_cast<char *>(pc->buf_ + pc->have_),
+            *buf = uv_buf_init(reinterpret_cast<char *>(pc->buf_.data() + pc->have_),
                                unsigned(pc->want_ - pc->have_));
         },
         [](uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {

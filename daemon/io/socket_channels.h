@@ -3,6 +3,7 @@
 // by its first bytes) and connect. Loop thread only.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -39,12 +40,18 @@ union StreamHandle {
 // evicts itself, never the source's channels.
 class PendingConnection {
 public:
-    static constexpr size_t kMaxPrefix = 64;
+    // A multifd init message is 64 bytes; a TLS ClientHello record at most
+    // a header and 16 KiB + 2 KiB (RFC 8446 5.2).
+    static constexpr size_t kMaxPrefix = 5 + 18432;
 
-    std::vector<uint8_t> prefix() const { return {buf_, buf_ + have_}; }
+    std::vector<uint8_t> prefix() const { return {buf_.begin(), buf_.begin() + long(have_)}; }
     // Reads until the prefix holds `total` (<= kMaxPrefix) bytes, then
     // calls back again.
-    void want(size_t total) { want_ = total; }
+    void want(size_t total)
+    {
+        want_ = total;
+        buf_.resize(std::max(buf_.size(), total));
+    }
     // Hands the socket over as a blocking fd (the prefix stays readable via
     // prefix()); the libuv handle is closed.
     Result<int> take();
@@ -55,7 +62,7 @@ private:
     friend class SocketListener;
     StreamHandle h_;
     class SocketListener *owner_ = nullptr;
-    uint8_t buf_[kMaxPrefix];
+    std::vector<uint8_t> buf_; // grown by want()
     size_t have_ = 0;
     size_t want_ = 0;
     bool done_ = false;

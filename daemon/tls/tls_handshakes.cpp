@@ -32,21 +32,13 @@ void TlsHandshakes::start(int fd, Work work)
         live += !e.ended;
     }
     if (live >= limits_.max_pending) {
-        Entry *quietest = nullptr;
-        for (Entry &e : entries_) {
-            if (!e.ended && (!quietest || e.heard.load() < quietest->heard.load())) {
-                quietest = &e;
-            }
-        }
         evicted_++;
-        end(*quietest);
+        end(*to_evict());
     }
-    // Ended threads finish at once, but a flood can outrun them: past twice
-    // the limit a connection is closed unheard rather than given a thread.
+    // Ended threads finish at once, but a flood can outrun their posts to
+    // the loop: past twice the limit, the ended ones are joined here.
     if (entries_.size() >= 2 * limits_.max_pending) {
-        refused_++;
-        ::close(fd);
-        return;
+        reap_ended();
     }
     if (!timer_) {
         timer_ = sweeper_start(loop_, limits_, this, [](uv_timer_t *t) {
@@ -57,13 +49,45 @@ void TlsHandshakes::start(int fd, Work work)
     e.id = next_id_++;
     e.fd = fd;
     e.started_ms = now_ms();
-    e.heard = e.started_ms;
-    e.thread = std::thread([this, id = e.id, &heard = e.heard, work = std::move(work)] {
+    e.thread = std::thread([this, id = e.id, &progress = e.progress, work = std::move(work)] {
         set_thread_name("mig/dst/tls");
-        Then then = work(heard);
+        Then then = work(progress);
         // Pairs with reap(): the loop joins this thread when it runs this.
         dispatcher_.post([this, id, then = std::move(then)] { then(reap(id)); });
     });
+}
+
+void TlsHandshakes::reap_ended()
+{
+    for (auto it = entries_.begin(); it != entries_.end();) {
+        if (it->ended) {
+            it->thread.join(); // its socket is shut down: it is on its way out
+            it = entries_.erase(it); // its post finds no entry: reap() says ended
+        } else {
+            ++it;
+        }
+    }
+}
+
+TlsHandshakes::Entry *TlsHandshakes::to_evict()
+{
+    Entry *pick = nullptr;
+    for (Entry &e : entries_) {
+        if (e.ended) {
+            continue;
+        }
+        if (!pick) {
+            pick = &e;
+            continue;
+        }
+        bool a = e.progress.identifying.load(), b = pick->progress.identifying.load();
+        uint64_t ea = e.progress.bytes.load(), eb = pick->progress.bytes.load();
+        // Entries are in start order: a later one only wins by the rule.
+        if ((a && !b) || (a == b && !a && ea < eb)) {
+            pick = &e;
+        }
+    }
+    return pick;
 }
 
 bool TlsHandshakes::reap(uint64_t id)
@@ -101,12 +125,12 @@ void TlsHandshakes::sweep()
 
 void TlsHandshakes::log_dropped()
 {
-    if (evicted_ || expired_ || refused_) {
+    if (evicted_ || expired_) {
         spdlog::warn("incoming migration: ended {} TLS connections that did not identify "
-                     "themselves within {} ms, {} over the limit of {} (the quietest went), "
-                     "closed {} unheard; still listening",
-                     expired_, limits_.identify_ms, evicted_, limits_.max_pending, refused_);
-        evicted_ = expired_ = refused_ = 0;
+                     "themselves within {} ms and {} over the limit of {} (those that did "
+                     "least went); still listening",
+                     expired_, limits_.identify_ms, evicted_, limits_.max_pending);
+        evicted_ = expired_ = 0;
     }
 }
 

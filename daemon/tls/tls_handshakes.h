@@ -4,16 +4,18 @@
 // Whoever reaches the migration port can start one, so a handshake is a
 // stranger's until it has identified itself as a migration channel: it
 // has a deadline (handshake and first decrypted bytes, identify_ms from
-// its start) and one of max_pending places; when a new one finds them all
-// taken, the one whose peer has been silent the longest is ended (its
-// socket shut down, which ends its thread). A real source's handshake
-// goes on without pause, so stalled ClientHellos and silent clients evict
-// each other, not it. Threads are joined as soon as they post their
+// its start) and one of max_pending places. When a new one finds them all
+// taken, one is ended (its socket shut down, which ends its thread): a
+// peer that finished its handshake and has not said what it is (a source
+// does so at once), the oldest first; else the peer that has sent the
+// fewest bytes, the oldest among equals. A source's handshake has sent a
+// whole ClientHello and more, so stalled ClientHellos evict each other, not
+// it, however fast they come. Threads are joined as soon as they post their
 // result, so none is left mapped.
 //
 // Thread ownership: the table and the timer belong to the loop thread; a
-// handshake thread reads only its own Entry's fd and writes its `heard`
-// (atomic), then posts its result to the loop and ends.
+// handshake thread reads only its own Entry's fd and writes its Progress
+// (atomics), then posts its result to the loop and ends.
 #pragma once
 
 #include <atomic>
@@ -33,15 +35,19 @@ namespace qmigd {
 
 class TlsHandshakes {
 public:
-    // Milliseconds of a steady clock: when a peer was last heard.
-    using Heard = std::atomic<int64_t>;
+    // What a handshake's peer has done so far: written by its thread (the
+    // session's reads), read by the loop when it must end one.
+    struct Progress {
+        std::atomic<uint64_t> bytes{0};       // received from the peer
+        std::atomic<bool> identifying{false}; // handshake done, first bytes awaited
+    };
     static int64_t now_ms();
     // Runs on the loop when a handshake thread is done; `ended`: this table
     // ended it (deadline, or evicted for a newer connection).
     using Then = std::function<void(bool ended)>;
     // Runs on the handshake thread; returns what to run on the loop then.
-    // `heard` is the Entry's, for the session's reads to update.
-    using Work = std::function<Then(Heard &heard)>;
+    // `progress` is the Entry's, for the session to update.
+    using Work = std::function<Then(Progress &progress)>;
 
     TlsHandshakes(uv_loop_t *loop, LoopDispatcher &dispatcher, ListenerLimits limits);
     ~TlsHandshakes();
@@ -62,13 +68,17 @@ private:
         uint64_t id = 0;
         int fd = -1;
         int64_t started_ms = 0;
-        Heard heard{0};
+        Progress progress;
         bool ended = false; // its socket was shut down
         std::thread thread;
     };
 
     // Joins the thread; whether this table had ended it.
     bool reap(uint64_t id);
+    // The entry to end for a newcomer (see above).
+    Entry *to_evict();
+    // Joins the threads of ended entries and drops them (a flood's way).
+    void reap_ended();
     void end(Entry &e);
     void sweep();
     void log_dropped();
@@ -77,9 +87,9 @@ private:
     LoopDispatcher &dispatcher_;
     ListenerLimits limits_;
     uv_timer_t *timer_ = nullptr;
-    std::list<Entry> entries_; // stable addresses: threads hold &heard
+    std::list<Entry> entries_; // stable addresses: threads hold &progress
     uint64_t next_id_ = 0;
-    uint64_t evicted_ = 0, expired_ = 0, refused_ = 0; // since the last log line
+    uint64_t evicted_ = 0, expired_ = 0; // since the last log line
 };
 
 } // namespace qmigd

@@ -1,7 +1,5 @@
 #include "daemon/tls/tls_session.h"
 
-#include "daemon/tls/tls_handshakes.h"
-
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -51,8 +49,8 @@ ssize_t TlsSession::pull(gnutls_transport_ptr_t p, void *data, size_t n)
     }
     for (;;) {
         ssize_t r = ::recv(t->fd_, data, n, 0);
-        if (r > 0 && t->heard_) {
-            t->heard_->store(TlsHandshakes::now_ms(), std::memory_order_relaxed);
+        if (r > 0 && t->received_) {
+            t->received_->fetch_add(uint64_t(r), std::memory_order_relaxed);
         }
         if (r >= 0 || errno != EINTR) {
             if (r < 0) {
@@ -213,11 +211,14 @@ Result<std::unique_ptr<TlsSession>> TlsSession::client(int fd, const TlsCreds &c
 Result<std::unique_ptr<TlsSession>> TlsSession::server(int fd, const TlsCreds &creds,
                                                        const AuthzList *authz,
                                                        std::vector<uint8_t> already_read,
-                                                       std::atomic<int64_t> *heard)
+                                                       std::atomic<uint64_t> *received)
 {
     std::unique_ptr<TlsSession> t(new TlsSession(fd));
     t->pending_ = std::move(already_read);
-    t->heard_ = heard;
+    t->received_ = received;
+    if (received) {
+        received->fetch_add(t->pending_.size(), std::memory_order_relaxed);
+    }
     QMIGD_TRY(t->setup(creds, true));
     QMIGD_TRY(t->handshake());
     if (creds.verify_peer()) {

@@ -30,12 +30,12 @@ public:
     // anyone knew it spoke TLS (the listener's first read); the handshake
     // reads them first. With verify-peer the client must show a certificate
     // the CA signed, and `authz` (may be null) must allow its DN.
-    // `heard`, if given, is set to TlsHandshakes::now_ms() whenever bytes
-    // arrive during the handshake (which stranger is the quietest).
+    // `received`, if given, counts the bytes the peer sends (already_read
+    // included): which stranger has done the least.
     static Result<std::unique_ptr<TlsSession>> server(int fd, const TlsCreds &creds,
                                                       const AuthzList *authz,
                                                       std::vector<uint8_t> already_read,
-                                                      std::atomic<int64_t> *heard = nullptr);
+                                                      std::atomic<uint64_t> *received = nullptr);
     ~TlsSession();
     TlsSession(const TlsSession &) = delete;
     TlsSession &operator=(const TlsSession &) = delete;
@@ -49,9 +49,9 @@ public:
     // Sends close_notify (the end of what we write); errors are ignored: the
     // data was acknowledged by the migration already or does not matter.
     void bye();
-    // Ends the updates of server()'s `heard` (before the session leaves the
-    // handshake's thread: `heard` goes with it).
-    void stop_hearing() { heard_ = nullptr; }
+    // Ends the updates of server()'s `received` (before the session leaves
+    // the handshake's thread: the counter goes with it).
+    void stop_counting() { received_ = nullptr; }
     // The peer's certificate DN, once checked ("" without one).
     const std::string &peer_name() const { return peer_name_; }
 
@@ -68,7 +68,7 @@ private:
     int fd_;
     gnutls_session_t s_ = nullptr;
     std::vector<uint8_t> pending_; // already_read, handed to GnuTLS first
-    std::atomic<int64_t> *heard_ = nullptr; // during the server handshake
+    std::atomic<uint64_t> *received_ = nullptr; // during the server handshake
     size_t pending_pos_ = 0;
     std::string peer_name_;
 };
