@@ -71,6 +71,16 @@ int unix_listen_fd(const std::string &path)
 
 } // namespace
 
+void DroppedStrangers::log(const char *what, const char *rule, const ListenerLimits &limits)
+{
+    if (evicted || expired) {
+        spdlog::warn("incoming migration: closed {} {} that did not identify themselves within "
+                     "{} ms and {} over the limit of {} ({}); still listening",
+                     expired, what, limits.identify_ms, evicted, limits.max_pending, rule);
+        evicted = expired = 0;
+    }
+}
+
 uv_timer_t *sweeper_start(uv_loop_t *loop, const ListenerLimits &limits, void *data,
                           uv_timer_cb cb)
 {
@@ -179,7 +189,7 @@ void SocketListener::evict_one()
                                          return a->heard_ms_ < b->heard_ms_;
                                      });
     if (quietest != pending_.end()) {
-        evicted_++;
+        dropped_.evicted++;
         (*quietest)->close();
     }
 }
@@ -193,22 +203,11 @@ void SocketListener::sweep()
             late.push_back(c);
         }
     }
-    expired_ += late.size();
+    dropped_.expired += late.size();
     for (PendingConnection *c : late) {
         c->close();
     }
-    log_dropped();
-}
-
-void SocketListener::log_dropped()
-{
-    if (evicted_ || expired_) {
-        spdlog::warn("incoming migration: closed {} connections that did not identify themselves "
-                     "within {} ms and {} over the limit of {} (the longest silent went), still "
-                     "listening",
-                     expired_, limits_.identify_ms, evicted_, limits_.max_pending);
-        evicted_ = expired_ = 0;
-    }
+    dropped_.log("connections", "the longest silent went", limits_);
 }
 
 void SocketListener::start_reading(PendingConnection *c)
@@ -295,7 +294,7 @@ void SocketListener::close()
         pending_.back()->close();
     }
     if (sweeper_) {
-        log_dropped();
+        dropped_.log("connections", "the longest silent went", limits_);
         sweeper_close(&sweeper_);
     }
     if (server_) {

@@ -76,6 +76,14 @@ struct ListenerLimits {
     uint64_t identify_ms = 10000;
 };
 
+// Strangers dropped since the last log line: one line per sweep, not one
+// per connection of a flood. Loop thread.
+struct DroppedStrangers {
+    uint64_t evicted = 0, expired = 0;
+    // `what`: "connections", "TLS connections"; `rule`: who goes first.
+    void log(const char *what, const char *rule, const ListenerLimits &limits);
+};
+
 // A repeating timer that checks strangers' deadlines: every quarter of
 // identify_ms (at least 50 ms), with `data` as its data. Loop thread.
 uv_timer_t *sweeper_start(uv_loop_t *loop, const ListenerLimits &limits, void *data,
@@ -112,7 +120,6 @@ private:
     void evict_one();
     // Timer: closes pending connections past their deadline.
     void sweep();
-    void log_dropped();
 
     uv_loop_t *loop_;
     size_t first_want_;
@@ -122,9 +129,7 @@ private:
     uv_timer_t *sweeper_ = nullptr;
     SocketAddress addr_;
     std::vector<PendingConnection *> pending_;
-    // Strangers dropped since the last log line (one line per sweep, not
-    // one per connection of a flood).
-    uint64_t evicted_ = 0, expired_ = 0;
+    DroppedStrangers dropped_;
 };
 
 // Connects `count` sockets to addr. An inet name is resolved on libuv's

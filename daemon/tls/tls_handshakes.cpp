@@ -32,7 +32,7 @@ void TlsHandshakes::start(int fd, Work work)
         live += !e.ended;
     }
     if (live >= limits_.max_pending) {
-        evicted_++;
+        dropped_.evicted++;
         end(*to_evict());
     }
     // Ended threads finish at once, but a flood can outrun their posts to
@@ -116,22 +116,11 @@ void TlsHandshakes::sweep()
     int64_t now = now_ms();
     for (Entry &e : entries_) {
         if (!e.ended && now - e.started_ms >= int64_t(limits_.identify_ms)) {
-            expired_++;
+            dropped_.expired++;
             end(e);
         }
     }
-    log_dropped();
-}
-
-void TlsHandshakes::log_dropped()
-{
-    if (evicted_ || expired_) {
-        spdlog::warn("incoming migration: ended {} TLS connections that did not identify "
-                     "themselves within {} ms and {} over the limit of {} (those that did "
-                     "least went); still listening",
-                     expired_, limits_.identify_ms, evicted_, limits_.max_pending);
-        evicted_ = expired_ = 0;
-    }
+    dropped_.log("TLS connections", "those that did least went", limits_);
 }
 
 void TlsHandshakes::close_all()
@@ -144,7 +133,7 @@ void TlsHandshakes::close_all()
     }
     entries_.clear();
     if (timer_) {
-        log_dropped();
+        dropped_.log("TLS connections", "those that did least went", limits_);
         sweeper_close(&timer_);
     }
 }

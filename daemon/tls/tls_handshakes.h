@@ -81,7 +81,6 @@ private:
     void reap_ended();
     void end(Entry &e);
     void sweep();
-    void log_dropped();
 
     uv_loop_t *loop_;
     LoopDispatcher &dispatcher_;
@@ -89,7 +88,7 @@ private:
     uv_timer_t *timer_ = nullptr;
     std::list<Entry> entries_; // stable addresses: threads hold &progress
     uint64_t next_id_ = 0;
-    uint64_t evicted_ = 0, expired_ = 0; // since the last log line
+    DroppedStrangers dropped_;
 };
 
 } // namespace qmigd
