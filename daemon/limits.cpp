@@ -77,8 +77,6 @@ double memcpy_gbps(size_t bytes)
     return b[bytes / 2] == 1 ? 3.0 * double(bytes) / s / 1e9 : 0;
 }
 
-// First write into each page of a fresh shared mapping of a fresh file:
-// what a receiver that writes through the mapping pays per page.
 // The fault pass writes into a mapping of a file the file system may have
 // no room for (a small tmpfs, too few huge pages): the kernel answers such
 // a write with SIGBUS. The pass catches it and reports -1 instead.

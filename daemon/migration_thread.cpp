@@ -157,10 +157,7 @@ Status MigrationThread::setup()
     if (p_.return_path) {
         // As QEMU's migration_thread(): the destination opens its end, and
         // a PING lines both up.
-        struct stat st;
-        if (fstat(main_fd_, &st) != 0 || !S_ISSOCK(st.st_mode)) {
-            return Error("the return path needs a socket (tcp:, unix:, or fd: of a socket)");
-        }
+        QMIGD_TRY(return_path_check(main_fd_));
         savevm_put_command(w, MIG_CMD_OPEN_RETURN_PATH);
         savevm_put_ping(w, RP_PING_OPEN);
         rp_ = std::make_unique<ReturnPathIn>(main_fd_, main_tls_.get());

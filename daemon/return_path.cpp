@@ -12,12 +12,18 @@
 
 namespace qmigd {
 
-Result<std::unique_ptr<ReturnPathOut>> ReturnPathOut::open(int fd, TlsSession *tls)
+Status return_path_check(int fd)
 {
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) {
         return Error("the return path needs a socket (tcp:, unix:, or fd: of a socket)");
     }
+    return {};
+}
+
+Result<std::unique_ptr<ReturnPathOut>> ReturnPathOut::open(int fd, TlsSession *tls)
+{
+    QMIGD_TRY(return_path_check(fd));
     return std::unique_ptr<ReturnPathOut>(new ReturnPathOut(fd, tls));
 }
 

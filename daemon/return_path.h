@@ -22,6 +22,10 @@ namespace qmigd {
 
 class TlsSession;
 
+// The return path is the main channel's socket read the other way: a file
+// or a pipe has none. QEMU's qemu_file_get_return_path() needs a socket too.
+Status return_path_check(int fd);
+
 // Destination: what goes back. Used by the load thread only.
 class ReturnPathOut {
 public:

@@ -17,16 +17,13 @@ Result<int> file_channel_open(const MigrationAddress &a, bool for_write)
 {
     int flags = for_write ? O_CREAT | O_WRONLY | O_TRUNC : O_RDONLY;
     int fd = ::open(a.filename.c_str(), flags | O_CLOEXEC | O_NONBLOCK, 0600);
-    if (fd < 0 && errno == ENXIO) {
-        errno = EPIPE; // a FIFO nobody reads: said below as a FIFO
-    }
     struct stat st;
-    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode)) {
-        ::close(fd);
-        fd = -1;
-        errno = EPIPE;
-    }
-    if (fd < 0 && errno == EPIPE) {
+    // ENXIO: a FIFO nobody reads, for a writer.
+    bool fifo = fd < 0 ? errno == ENXIO : fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
+    if (fifo) {
+        if (fd >= 0) {
+            ::close(fd);
+        }
         // A pipe can neither be cancelled (no shutdown) nor be waited for
         // without blocking: exec: does it with a process to end.
         return Error(fmt::format("'{}' is a FIFO: file: needs a regular file (exec:cat {} '{}' "

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "daemon/socket_io.h"
 #include "protocol/device_state.h"
 
 namespace qmigd {
@@ -42,27 +43,20 @@ Status write_file(const std::string &path, const void *data, size_t len)
     if (fd < 0) {
         return file_error("Could not create", tmp, errno);
     }
-    auto in = static_cast<const uint8_t *>(data);
-    size_t done = 0;
-    while (done < len) {
-        ssize_t n = ::write(fd, in + done, len - done);
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n <= 0) {
-            break;
-        }
-        done += size_t(n);
+    Status st = pwrite_full(fd, data, len, 0);
+    if (!st) {
+        st = Error(st.error()).prepend(fmt::format("'{}': ", tmp));
+    } else if (::fsync(fd) != 0) {
+        st = file_error("Could not sync", tmp, errno);
     }
-    bool ok = done == len && ::fsync(fd) == 0;
-    int err = errno;
     ::close(fd);
-    if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-        err = ok ? errno : err;
-        ::unlink(tmp.c_str());
-        return file_error("Could not write", path, err);
+    if (st && std::rename(tmp.c_str(), path.c_str()) != 0) {
+        st = file_error("Could not rename it to", path, errno);
     }
-    return {};
+    if (!st) {
+        ::unlink(tmp.c_str());
+    }
+    return st;
 }
 
 // A file of the directory, whole: a regular file of at most `max` bytes,
@@ -75,32 +69,23 @@ Result<std::string> read_file(const std::string &path, size_t max)
     }
     struct stat st;
     std::string out;
-    Status st_ok;
+    Status ok;
     if (fstat(fd, &st) != 0) {
-        st_ok = file_error("Could not stat", path, errno);
+        ok = file_error("Could not stat", path, errno);
     } else if (!S_ISREG(st.st_mode)) {
-        st_ok = Error(fmt::format("'{}' is not a regular file", path));
+        ok = Error(fmt::format("'{}' is not a regular file", path));
     } else if (uint64_t(st.st_size) > max) {
-        st_ok = Error(fmt::format("'{}' is larger than {} bytes", path, max));
+        ok = Error(fmt::format("'{}' is larger than {} bytes", path, max));
     } else {
         out.resize(size_t(st.st_size));
-        size_t done = 0;
-        while (done < out.size()) {
-            ssize_t n = ::read(fd, out.data() + done, out.size() - done);
-            if (n < 0 && errno == EINTR) {
-                continue;
-            }
-            if (n <= 0) {
-                st_ok = n < 0 ? file_error("Could not read", path, errno)
-                              : Error(fmt::format("'{}' shrank while it was read", path));
-                break;
-            }
-            done += size_t(n);
+        ok = pread_full(fd, out.data(), out.size(), 0);
+        if (!ok) {
+            ok = Error(ok.error()).prepend(fmt::format("'{}': ", path));
         }
     }
     ::close(fd);
-    if (!st_ok) {
-        return st_ok.error();
+    if (!ok) {
+        return ok.error();
     }
     return out;
 }

@@ -9,12 +9,6 @@
 
 namespace qmigd {
 
-int64_t TlsHandshakes::now_ms()
-{
-    using namespace std::chrono;
-    return duration_cast<milliseconds>(steady_clock::now().time_since_epoch()).count();
-}
-
 TlsHandshakes::TlsHandshakes(uv_loop_t *loop, LoopDispatcher &dispatcher, ListenerLimits limits)
     : loop_(loop), dispatcher_(dispatcher), limits_(limits)
 {
@@ -48,7 +42,7 @@ void TlsHandshakes::start(int fd, Work work)
     Entry &e = entries_.emplace_back();
     e.id = next_id_++;
     e.fd = fd;
-    e.started_ms = now_ms();
+    e.started_ms = uv_now(loop_);
     e.thread = std::thread([this, id = e.id, &progress = e.progress, work = std::move(work)] {
         set_thread_name("mig/dst/tls");
         Then then = work(progress);
@@ -113,9 +107,9 @@ void TlsHandshakes::end(Entry &e)
 
 void TlsHandshakes::sweep()
 {
-    int64_t now = now_ms();
+    uint64_t now = uv_now(loop_);
     for (Entry &e : entries_) {
-        if (!e.ended && now - e.started_ms >= int64_t(limits_.identify_ms)) {
+        if (!e.ended && now - e.started_ms >= limits_.identify_ms) {
             dropped_.expired++;
             end(e);
         }

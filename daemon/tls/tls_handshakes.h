@@ -19,7 +19,6 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -41,7 +40,6 @@ public:
         std::atomic<uint64_t> bytes{0};       // received from the peer
         std::atomic<bool> identifying{false}; // handshake done, first bytes awaited
     };
-    static int64_t now_ms();
     // Runs on the loop when a handshake thread is done; `ended`: this table
     // ended it (deadline, or evicted for a newer connection).
     using Then = std::function<void(bool ended)>;
@@ -67,7 +65,7 @@ private:
     struct Entry {
         uint64_t id = 0;
         int fd = -1;
-        int64_t started_ms = 0;
+        uint64_t started_ms = 0; // uv_now() at start, as the listener's clock
         Progress progress;
         bool ended = false; // its socket was shut down
         std::thread thread;
