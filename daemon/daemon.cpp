@@ -42,6 +42,8 @@ void Daemon::on_migration_status(MigrationStatus s)
             runstate_ = "finish-migrate";
         } else if (s == MigrationStatus::Completed) {
             runstate_ = "postmigrate"; // the guest stays paused
+        } else if (s == MigrationStatus::Failed && outgoing_->vm_handed_over()) {
+            runstate_ = "postmigrate"; // the VM may run at the destination now
         } else if ((s == MigrationStatus::Failed || s == MigrationStatus::Cancelled) &&
                    runstate_ == "finish-migrate") {
             // As QEMU: a VM stopped for switchover runs again.
@@ -169,6 +171,8 @@ QmpResult Daemon::cmd_migrate(const json &args)
     p.mapped_ram = config_.capability("mapped-ram");
     p.direct_io = config_.direct_io();
     p.return_path = config_.capability("return-path");
+    p.postcopy_ram = config_.capability("postcopy-ram");
+    p.max_postcopy_bandwidth = config_.max_postcopy_bandwidth();
     p.compression = {*compression, config_.multifd_compression_level()};
     auto tls = tls_params(TlsCreds::Endpoint::Client, *addr);
     if (tls) {
@@ -202,6 +206,7 @@ QmpResult Daemon::start_incoming(const Result<MigrationAddress> &addr)
     p.direct_io = config_.direct_io();
     p.compression = *multifd_compression_parse(config_.multifd_compression());
     p.park_dir = opts_.ram_dir;
+    p.postcopy_ram = config_.capability("postcopy-ram");
     auto tls = tls_params(TlsCreds::Endpoint::Server, *addr);
     if (!tls) {
         return qmp_error(tls.error().message());
@@ -241,11 +246,28 @@ void Daemon::register_migration_commands()
     q.register_command("migrate-incoming", Members{"*uri", "*channels", "*exit-on-error"},
                        [this](const json &a) { return cmd_migrate_incoming(a); });
     q.register_command("migrate_cancel", none, [this](const json &) -> QmpResult {
+        if (outgoing_ && migration_in_postcopy(outgoing_->status())) {
+            // The source can no longer take the VM back (qmp_migrate_cancel).
+            return qmp_error("Postcopy migration in progress, cannot cancel.");
+        }
         if (outgoing_) {
             outgoing_->cancel();
         }
         if (incoming_) {
             incoming_->cancel();
+        }
+        return json::object();
+    });
+    q.register_command("migrate-start-postcopy", none, [this](const json &) -> QmpResult {
+        if (!config_.capability("postcopy-ram")) {
+            return qmp_error("Enable postcopy with migrate_set_capability before the start of "
+                             "migration");
+        }
+        if (migration_status() == MigrationStatus::None) {
+            return qmp_error("Postcopy must be started after migration has been started");
+        }
+        if (outgoing_) {
+            outgoing_->start_postcopy();
         }
         return json::object();
     });
@@ -274,6 +296,9 @@ void Daemon::register_migration_commands()
         }
         if (outgoing_ && a.contains("max-bandwidth")) {
             outgoing_->set_max_bandwidth(config_.max_bandwidth());
+        }
+        if (outgoing_ && a.contains("max-postcopy-bandwidth")) {
+            outgoing_->set_max_postcopy_bandwidth(config_.max_postcopy_bandwidth());
         }
         return json::object();
     });

@@ -134,7 +134,7 @@ void IncomingMigration::cancel()
     }
     cancel_requested_ = true;
     spdlog::info("incoming migration: cancelled by migrate_cancel");
-    if (status_ == MigrationStatus::Active) {
+    if (loading()) {
         abort_with(Error("migration cancelled")); // finish() reports it
         return;
     }
@@ -192,7 +192,8 @@ void IncomingMigration::maybe_start()
     // mapped-ram never sends MULTIFD_FLUSH: its multifd is the file readers.
     bool channels = !multifd_.empty();
     load_cfg_ = LoadvmConfig{params_.machine_type, ram_block_descs(blocks_), channels,
-                             params_.mapped_ram, params_.uuid, !params_.park_dir.empty()};
+                             params_.mapped_ram, params_.uuid, !params_.park_dir.empty(),
+                             params_.postcopy_ram};
     sync_ = channels ? std::make_unique<MultifdRecvSync>(multifd_.size()) : nullptr;
     set_link_timeout(main_->fd, params_.link_timeout_ms);
     for (const auto &ch : multifd_) {

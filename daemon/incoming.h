@@ -57,6 +57,9 @@ struct IncomingParams {
     // Non-empty: park the VM in this directory (daemon/park/parked_vm.h):
     // its RAM blocks are created as the stream announces them.
     std::string park_dir;
+    // postcopy-ram: the source may switch to postcopy; the device state
+    // then comes in a package before the rest of RAM (protocol/loadvm.h).
+    bool postcopy_ram = false;
 };
 
 class IncomingMigration {
@@ -82,6 +85,12 @@ public:
     const std::string &runstate() const { return runstate_; }
 
 private:
+    // The channels are the load threads' (active, or postcopy-active).
+    bool loading() const
+    {
+        return status_ == MigrationStatus::Active || status_ == MigrationStatus::PostcopyActive;
+    }
+
     struct Channel {
         int fd = -1;
         std::vector<uint8_t> prefix;

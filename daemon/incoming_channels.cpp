@@ -37,7 +37,7 @@ ListenerLimits IncomingMigration::stranger_limits() const
 
 void IncomingMigration::on_prefix(PendingConnection *c, const Error *err)
 {
-    bool active = status_ == MigrationStatus::Active;
+    bool active = loading();
     if (!active && status_ != MigrationStatus::Setup) {
         if (c) {
             c->close();
@@ -106,7 +106,7 @@ void IncomingMigration::extra_connection(const std::vector<uint8_t> &prefix, int
 
 void IncomingMigration::adopt(std::vector<uint8_t> prefix, int fd, std::shared_ptr<TlsSession> tls)
 {
-    if (status_ == MigrationStatus::Active) {
+    if (loading()) {
         extra_connection(prefix, fd);
         return;
     }
@@ -239,7 +239,7 @@ void IncomingMigration::tls_ready(uint64_t gen, int fd, Result<std::vector<uint8
                                   std::shared_ptr<TlsSession> tls, bool ended)
 {
     bool setup = status_ == MigrationStatus::Setup;
-    if (gen != generation_ || (!setup && status_ != MigrationStatus::Active)) {
+    if (gen != generation_ || (!setup && !loading())) {
         ::close(fd); // cleaned up or cancelled meanwhile
         return;
     }

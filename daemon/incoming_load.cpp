@@ -39,6 +39,14 @@ public:
     {
     }
     Status open_return_path() override { return open_rp_(); }
+    // POSTCOPY_LISTEN: the owner's status becomes postcopy-active.
+    void set_on_listen(std::function<void()> f) { on_listen_ = std::move(f); }
+    void postcopy_listening() override
+    {
+        if (on_listen_) {
+            on_listen_();
+        }
+    }
     Status ping(uint32_t value) override { return rp_->pong(value); }
     Status announce_blocks(const std::vector<RamBlockDesc> &descs) override
     {
@@ -90,6 +98,7 @@ private:
     const MappedRamFileIn *file_; // null unless mapped-ram
     Announce announce_;           // park mode only
     std::function<Status()> open_rp_;
+    std::function<void()> on_listen_;
     std::unique_ptr<ReturnPathOut> &rp_; // set by open_rp_
     MappedRamCounts file_counts_;
     std::unique_ptr<uint8_t[]> run_;
@@ -293,6 +302,15 @@ void IncomingMigration::load_thread_main()
     };
     ImageLoadHandler handler(blocks_, sync_.get(), params_.mapped_ram ? &file_in_ : nullptr,
                              std::move(announce), open_rp, rp_);
+    handler.set_on_listen([this] {
+        spdlog::info("incoming migration: postcopy: the device state is in, the rest of RAM "
+                     "follows");
+        dispatcher_.post([this] {
+            if (status_ == MigrationStatus::Active) {
+                set_status(MigrationStatus::PostcopyActive);
+            }
+        });
+    });
     auto result = qemu_loadvm_state(f, load_cfg_, handler);
     if (result) {
         if (Status st = handler.flush(); !st) {

@@ -50,6 +50,11 @@ struct OutgoingParams {
     // return-path: OPEN_RETURN_PATH after the header, and the migration
     // completes only once the destination says SHUT(0) (daemon/return_path.h).
     bool return_path = false;
+    // postcopy-ram: POSTCOPY_ADVISE at setup (with a return path whatever
+    // return-path says), and migrate-start-postcopy switches over to
+    // postcopy (daemon/postcopy_source.cpp).
+    bool postcopy_ram = false;
+    uint64_t max_postcopy_bandwidth = 0; // bytes/s once in postcopy, 0 = unlimited
     // multifd-compression (multifd channels only).
     MultiFDCompressionParams compression;
     // tls-creds (client endpoint), tls-hostname: every channel. Not on
@@ -68,6 +73,8 @@ struct MigrationStats {
     std::atomic<uint64_t> zero{0};
     std::atomic<uint64_t> precopy_bytes{0};
     std::atomic<uint64_t> downtime_bytes{0};
+    std::atomic<uint64_t> postcopy_bytes{0};
+    std::atomic<uint64_t> postcopy_requests{0};
     std::atomic<uint64_t> remaining_pages{0};
     std::atomic<uint64_t> dirty_sync_count{0};
     std::atomic<uint64_t> dirty_pages_rate{0};
@@ -89,6 +96,11 @@ struct MigrationShared {
     std::atomic<bool> cancel_requested{false};
     std::atomic<uint64_t> max_bandwidth{0}; // migrate-set-parameters applies at once
     std::atomic<bool> vm_running{true};     // stop/cont: the run state sent at switchover
+    std::atomic<bool> start_postcopy{false}; // migrate-start-postcopy
+    std::atomic<uint64_t> max_postcopy_bandwidth{0};
+    // Set by the migration thread as the postcopy package goes: from then
+    // on the destination may run the VM, so a failure never resumes it here.
+    std::atomic<bool> vm_handed_over{false};
 };
 
 inline int64_t ms_since(std::chrono::steady_clock::time_point t)

@@ -3,7 +3,17 @@
 
 namespace qmigd {
 
-enum class MigrationStatus { None, Setup, Cancelling, Cancelled, Active, Device, Completed, Failed };
+enum class MigrationStatus {
+    None,
+    Setup,
+    Cancelling,
+    Cancelled,
+    Active,
+    Device,
+    PostcopyActive,
+    Completed,
+    Failed,
+};
 
 inline const char *migration_status_name(MigrationStatus s)
 {
@@ -14,6 +24,7 @@ inline const char *migration_status_name(MigrationStatus s)
     case MigrationStatus::Cancelled: return "cancelled";
     case MigrationStatus::Active: return "active";
     case MigrationStatus::Device: return "device";
+    case MigrationStatus::PostcopyActive: return "postcopy-active";
     case MigrationStatus::Completed: return "completed";
     case MigrationStatus::Failed: return "failed";
     }
@@ -24,7 +35,15 @@ inline const char *migration_status_name(MigrationStatus s)
 inline bool migration_is_running(MigrationStatus s)
 {
     return s == MigrationStatus::Setup || s == MigrationStatus::Active ||
-           s == MigrationStatus::Device || s == MigrationStatus::Cancelling;
+           s == MigrationStatus::Device || s == MigrationStatus::Cancelling ||
+           s == MigrationStatus::PostcopyActive;
+}
+
+// Postcopy has started: the VM runs at the destination, and the source can
+// no longer take it back (QEMU's migration_in_postcopy()).
+inline bool migration_in_postcopy(MigrationStatus s)
+{
+    return s == MigrationStatus::PostcopyActive;
 }
 
 } // namespace qmigd

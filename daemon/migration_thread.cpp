@@ -11,8 +11,10 @@
 
 #include "daemon/mapped_ram_save.h"
 #include "daemon/multifd_send.h"
+#include "daemon/page_requests.h"
 #include "daemon/ram_save.h"
 #include "daemon/tls/tls_session.h"
+#include "protocol/postcopy.h"
 #include "protocol/return_path.h"
 #include "protocol/savevm.h"
 #include "ramstate/zero_page.h"
@@ -154,13 +156,20 @@ Status MigrationThread::setup()
     savevm_put_configuration(w, p_.machine_type, uuid,
                              p_.mapped_ram ? std::span<const std::string_view>(kMappedRam)
                                            : std::span<const std::string_view>());
-    if (p_.return_path) {
+    if (p_.return_path || p_.postcopy_ram) {
         // As QEMU's migration_thread(): the destination opens its end, and
         // a PING lines both up.
         QMIGD_TRY(return_path_check(main_fd_));
         savevm_put_command(w, MIG_CMD_OPEN_RETURN_PATH);
         savevm_put_ping(w, RP_PING_OPEN);
-        rp_ = std::make_unique<ReturnPathIn>(main_fd_, main_tls_.get());
+        if (p_.postcopy_ram) {
+            requests_ = std::make_unique<PageRequests>(ram_block_descs(blocks_));
+        }
+        rp_ = std::make_unique<ReturnPathIn>(main_fd_, main_tls_.get(), requests_.get());
+    }
+    if (p_.postcopy_ram) {
+        // A destination that cannot do postcopy fails now, not at switchover.
+        savevm_put_postcopy_advise(w, TARGET_PAGE_SIZE);
     }
     // The first bytes leave at once: a QEMU destination's main loop stalls
     // peeking at a connection until 4 bytes are there (wire-format 7.1).
@@ -193,9 +202,15 @@ Status MigrationThread::send_dirty(bool until_done, bool *round_done)
     });
 }
 
+// max-bandwidth, or max-postcopy-bandwidth once in postcopy.
+uint64_t MigrationThread::rate_limit() const
+{
+    return in_postcopy_ ? shared_.max_postcopy_bandwidth.load() : shared_.max_bandwidth.load();
+}
+
 bool MigrationThread::over_rate()
 {
-    uint64_t bw = shared_.max_bandwidth;
+    uint64_t bw = rate_limit();
     if (bw != rate_bw_) { // unlimited, or changed by migrate-set-parameters
         rate_bw_ = bw;
         rate_start_ = Clock::now();
@@ -212,7 +227,8 @@ Status MigrationThread::rate_limit_wait()
 {
     // Sleep in small steps until the budget catches up, so cancel and
     // bandwidth changes take effect quickly.
-    while (over_rate()) {
+    // A destination's page request goes before the limit: its guest waits.
+    while (over_rate() && !(in_postcopy_ && requests_->pending())) {
         QMIGD_TRY(check_cancel());
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
@@ -279,15 +295,17 @@ Status MigrationThread::iterate()
         if (pending == 0 || pending < threshold_) {
             return {};
         }
+        if (postcopy_requested()) {
+            return {};
+        }
         bool round_done = false;
         QMIGD_TRY(send_part(&round_done));
         update_counters();
     }
 }
 
-Status MigrationThread::complete()
+Status MigrationThread::stop_for_switchover(bool *running)
 {
-    auto stop_time = Clock::now();
     if (guest_) {
         // The guest finishes the page in flight and acknowledges; only then
         // does the final dirty sync run, so no write is lost. A guest that
@@ -300,12 +318,35 @@ Status MigrationThread::complete()
     }
     // What QEMU's global_state_store() records at switchover: whether the
     // VM runs now (a `stop` or `cont` during the migration counts).
-    const bool running = shared_.vm_running.load();
+    *running = shared_.vm_running.load();
     downtime_ = true;
     ram_->count_bytes_in(&shared_.stats.downtime_bytes);
     owner_.post_status(MigrationStatus::Active, MigrationStatus::Device);
+    savevm_put_command(out_.w(), MIG_CMD_SWITCHOVER_START);
+    return {};
+}
+
+void MigrationThread::put_device_state(ByteWriter &w, bool running, bool eof)
+{
+    if (p_.parked) {
+        // Every device section, EOF and the VM description, as received.
+        const auto &ds = p_.parked->device_state;
+        w.bytes(ds.data(), eof ? ds.size() : p_.parked->device_sections_bytes);
+        return;
+    }
+    savevm_put_timer(w, kTimerSectionId);
+    savevm_put_globalstate(w, kGlobalStateSectionId, running ? "running" : "paused");
+    if (eof) {
+        savevm_put_eof_and_vmdesc(w);
+    }
+}
+
+Status MigrationThread::complete()
+{
+    auto stop_time = Clock::now();
+    bool running = false;
+    QMIGD_TRY(stop_for_switchover(&running));
     ByteWriter &w = out_.w();
-    savevm_put_command(w, MIG_CMD_SWITCHOVER_START);
     savevm_put_section_continue(w, QEMU_VM_SECTION_END, ram_section_id());
     dirty_sync();
     // Everything left, wrapping as often as needed; send_dirty() ends each
@@ -318,14 +359,7 @@ Status MigrationThread::complete()
     QMIGD_TRY(ram_->write_file_bitmaps());
     ram_put_flag(w, RAM_SAVE_FLAG_EOS);
     savevm_put_footer(w, ram_section_id());
-    if (p_.parked) {
-        // Every device section, EOF and the VM description, as received.
-        w.bytes(p_.parked->device_state.data(), p_.parked->device_state.size());
-    } else {
-        savevm_put_timer(w, kTimerSectionId);
-        savevm_put_globalstate(w, kGlobalStateSectionId, running ? "running" : "paused");
-        savevm_put_eof_and_vmdesc(w);
-    }
+    put_device_state(w, running, true);
     QMIGD_TRY(out_.flush());
     shared_.stats.downtime_ms = ms_since(stop_time);
     return {};
@@ -375,7 +409,13 @@ Status MigrationThread::migrate()
     shared_.stats.expected_downtime_ms = int64_t(p_.downtime_limit_ms);
     owner_.post_status(MigrationStatus::Setup, MigrationStatus::Active);
     QMIGD_TRY(iterate());
-    QMIGD_TRY(complete());
+    if (postcopy_requested()) {
+        QMIGD_TRY(postcopy_start());
+        QMIGD_TRY(postcopy_iterate());
+        QMIGD_TRY(postcopy_complete());
+    } else {
+        QMIGD_TRY(complete());
+    }
     if (multifd_) {
         QMIGD_TRY(multifd_->error());
         multifd_->terminate_tls();

@@ -1,5 +1,5 @@
 // The source's migration thread (QEMU's migration_thread() with
-// ram_save_setup/iterate/complete): writes the main channel, walks the
+// ram_save_setup/iterate/complete, and postcopy_start()): writes the main channel, walks the
 // dirty bitmaps through RamSave (ram_save.h), hands pages to the multifd
 // senders, keeps the rate limit, decides switchover and drives
 // auto-converge. It shares only MigrationShared with the loop and reaches
@@ -23,6 +23,7 @@ namespace qmigd {
 
 class MappedRamSave;
 class MultiFDSend;
+class PageRequests;
 class RamSave;
 class TlsSession;
 
@@ -62,6 +63,20 @@ private:
     void update_counters();
     Status sync_if_file();
     Status complete();
+    // Switchover's first steps, precopy or postcopy: the guest paused (or
+    // left running on failure), status device, downtime counting.
+    Status stop_for_switchover(bool *running);
+    // The device sections (a parked VM's as received); with `eof`, then
+    // EOF and the VM description, as precopy ends. Postcopy packages them
+    // without.
+    void put_device_state(ByteWriter &w, bool running, bool eof);
+    // Postcopy (postcopy_source.cpp).
+    bool postcopy_requested() const;
+    Status postcopy_start();
+    Status postcopy_iterate();
+    Status postcopy_send_part();
+    Status serve_page_requests();
+    Status postcopy_complete();
     Status send_part(bool *round_done);
     Status send_dirty(bool until_done, bool *round_done);
     uint64_t dirty_sync();
@@ -79,18 +94,21 @@ private:
     MigrationOwner &owner_;
     int main_fd_;
     std::unique_ptr<TlsSession> main_tls_; // with tls-creds, after setup's handshake
-    std::unique_ptr<ReturnPathIn> rp_;     // with return-path, from setup on
+    std::unique_ptr<PageRequests> requests_; // with postcopy-ram: from rp_ to us
+    std::unique_ptr<ReturnPathIn> rp_;     // with return-path or postcopy, from setup on
     QEMUFileWriter out_;
     // mapped-ram: pages go to fixed places in the file, not into the stream.
     std::unique_ptr<MappedRamSave> file_;
     std::unique_ptr<MultiFDSend> multifd_;
     std::unique_ptr<RamSave> ram_; // the bitmaps and the page walk (ram_save.h)
     bool downtime_ = false; // VM stopped: records count as downtime bytes
+    bool in_postcopy_ = false; // the package went: max-postcopy-bandwidth
     // Rate limit: bytes actually written (main + multifd) may not run ahead
     // of max-bandwidth x time since the reference point. Measuring what was
     // written, not what was queued, keeps the long-run rate exact even though
     // the channels lag the main thread by a few packets.
     bool over_rate();
+    uint64_t rate_limit() const;
     Clock::time_point rate_start_;
     uint64_t rate_start_bytes_ = 0;
     uint64_t rate_bw_ = 0; // max-bandwidth the reference point was taken for

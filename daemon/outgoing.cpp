@@ -78,6 +78,7 @@ Status OutgoingMigration::start(const MigrationAddress &addr, const OutgoingPara
     params_ = params;
     shared_ = std::make_unique<MigrationShared>();
     shared_->max_bandwidth = params.max_bandwidth;
+    shared_->max_postcopy_bandwidth = params.max_postcopy_bandwidth;
     shared_->vm_running = params.runstate == "running";
     shared_->start_time = std::chrono::steady_clock::now();
     error_desc_.clear();
@@ -185,7 +186,10 @@ void OutgoingMigration::finish(std::optional<Error> err)
     if (guest_) {
         guest_->set_throttle(0); // cpu_throttle_stop()
     }
-    if (shared_->cancel_requested || err) {
+    if ((shared_->cancel_requested || err) && shared_->vm_handed_over) {
+        spdlog::error("migration: failed in postcopy: the VM may run at the destination, so "
+                      "it stays paused here");
+    } else if (shared_->cancel_requested || err) {
         // A VM that was running runs on, wherever the switchover stopped.
         resume_guest_if_running();
         if (child_) {
@@ -260,7 +264,7 @@ nlohmann::json OutgoingMigration::query() const
     bool done = status_ == MigrationStatus::Completed;
     r["setup-time"] = s.setup_time_ms.load();
     r["total-time"] = done ? s.total_time_ms.load() : ms_since(shared_->start_time);
-    if (done) {
+    if (done || migration_in_postcopy(status_)) { // migrate_show_downtime()
         r["downtime"] = s.downtime_ms.load();
     } else {
         r["expected-downtime"] = s.expected_downtime_ms.load();
@@ -281,13 +285,13 @@ nlohmann::json OutgoingMigration::query() const
         {"dirty-pages-rate", s.dirty_pages_rate.load()},
         {"mbps", s.mbps.load()},
         {"dirty-sync-count", s.dirty_sync_count.load()},
-        {"postcopy-requests", 0},
+        {"postcopy-requests", s.postcopy_requests.load()},
         {"page-size", TARGET_PAGE_SIZE},
         {"multifd-bytes", s.multifd_bytes.load()},
         {"pages-per-second", s.pages_per_second.load()},
         {"precopy-bytes", s.precopy_bytes.load()},
         {"downtime-bytes", s.downtime_bytes.load()},
-        {"postcopy-bytes", 0},
+        {"postcopy-bytes", s.postcopy_bytes.load()},
         {"dirty-sync-missed-zero-copy", 0},
     };
     return r;

@@ -58,6 +58,12 @@ public:
     // `stop`/`cont` during a migration: decides the run state sent at
     // switchover and whether a failed one resumes the guest.
     void set_vm_running(bool running) { shared_->vm_running = running; }
+    // migrate-start-postcopy: the migration thread switches at its next
+    // iteration (a migration that ends first ignores it, as in QEMU).
+    void start_postcopy() { shared_->start_postcopy = true; }
+    void set_max_postcopy_bandwidth(uint64_t bw) { shared_->max_postcopy_bandwidth = bw; }
+    // The postcopy package went: the VM may run at the destination.
+    bool vm_handed_over() const { return shared_->vm_handed_over; }
 
 private:
     void on_connected(Result<std::vector<int>> fds);

@@ -193,6 +193,29 @@ Status RamSave::send_dirty(bool until_done, bool *round_done,
     return round_flush();
 }
 
+Status RamSave::send_range(size_t block, uint64_t offset, uint64_t len)
+{
+    auto &bm = bitmaps_[block];
+    uint64_t first = offset >> TARGET_PAGE_BITS;
+    uint64_t end = std::min<uint64_t>((offset + len) >> TARGET_PAGE_BITS, blocks_[block].image->pages());
+    for (uint64_t p = first; p < end;) {
+        size_t word = p / 64;
+        uint64_t mask = ~uint64_t(0) << (p % 64);
+        uint64_t next = (word + 1) * 64;
+        if (end < next) {
+            mask &= ~(~uint64_t(0) << (end % 64));
+        }
+        uint64_t bits = bm[word] & mask;
+        if (bits) {
+            bm[word] &= ~bits;
+            dirty_pages_ -= uint64_t(std::popcount(bits));
+            QMIGD_TRY(send_word(block, word, bits));
+        }
+        p = next;
+    }
+    return {};
+}
+
 Status RamSave::write_file_bitmaps()
 {
     if (!file_) {

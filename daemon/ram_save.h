@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "daemon/mapped_ram_save.h"
@@ -40,6 +41,9 @@ public:
     // round (*round_done, after round_flush()) or, unless until_done, when
     // should_yield() says the slice or the rate window is used up.
     Status send_dirty(bool until_done, bool *round_done, const std::function<bool()> &should_yield);
+    // Postcopy: the pages of [offset, offset + len) still to send, now
+    // (a destination's request). Bounds are the caller's (PageRequests).
+    Status send_range(size_t block, uint64_t offset, uint64_t len);
     // End of a pass (and of setup): with multifd, every page queued so far
     // lands before the main channel goes on (SYNC on every channel, then
     // MULTIFD_FLUSH; with mapped-ram only the wait). Nothing without multifd.
@@ -48,6 +52,8 @@ public:
     Status write_file_bitmaps();
 
     uint64_t dirty_pages() const { return dirty_pages_; }
+    // A block's migration bitmap: pages still to send.
+    std::span<const uint64_t> bitmap(size_t block) const { return bitmaps_[block]; }
     // Pages and bytes the main thread sent itself (multifd counts its own).
     uint64_t normal_pages() const { return normal_; }
     uint64_t zero_pages() const { return zero_; }

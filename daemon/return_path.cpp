@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "daemon/page_requests.h"
 #include "daemon/socket_io.h"
 #include "daemon/thread_name.h"
 #include "protocol/return_path.h"
@@ -43,7 +44,8 @@ void ReturnPathOut::shut(bool failed)
     }
 }
 
-ReturnPathIn::ReturnPathIn(int fd, TlsSession *tls) : fd_(fd), tls_(tls)
+ReturnPathIn::ReturnPathIn(int fd, TlsSession *tls, PageRequests *requests)
+    : fd_(fd), tls_(tls), requests_(requests)
 {
     thread_ = std::thread([this] {
         set_thread_name("mig/src/rp");
@@ -121,12 +123,20 @@ Status ReturnPathIn::read_message(bool *shut)
     case MIG_RP_MSG_PONG:
         spdlog::debug("return path: PONG {}", m->value);
         return {};
+    case MIG_RP_MSG_REQ_PAGES:
+    case MIG_RP_MSG_REQ_PAGES_ID:
+        if (!requests_) {
+            break;
+        }
+        return requests_->push(m->type == MIG_RP_MSG_REQ_PAGES_ID ? &m->idstr : nullptr,
+                               m->start, m->len);
     default:
-        // Page requests, bitmaps and acks belong to postcopy and switchover-ack.
-        return Error(fmt::format("return path: '{}' message (0x{:04x}) but postcopy is not "
-                                 "running",
-                                 rp_message_name(m->type), m->type));
+        break;
     }
+    // Bitmaps and acks belong to postcopy recovery and switchover-ack.
+    return Error(fmt::format("return path: '{}' message (0x{:04x}) but postcopy is not "
+                             "running",
+                             rp_message_name(m->type), m->type));
 }
 
 void ReturnPathIn::run()

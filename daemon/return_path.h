@@ -3,6 +3,7 @@
 // main channel's socket, read the other way. Messages are framed in
 // protocol/return_path.h.
 //
+// Postcopy adds the destination's page requests (daemon/page_requests.h).
 // Precopy uses it for the destination's verdict: SHUT(0) once the whole
 // stream loaded (a parked VM is durable by then), SHUT(1) when loading
 // failed, so that the source fails too instead of reporting `completed`
@@ -20,6 +21,7 @@
 
 namespace qmigd {
 
+class PageRequests;
 class TlsSession;
 
 // The return path is the main channel's socket read the other way: a file
@@ -48,7 +50,9 @@ private:
 // is the migration's: shutting it down (cancel, failure) ends the reader.
 class ReturnPathIn {
 public:
-    ReturnPathIn(int fd, TlsSession *tls);
+    // `requests`: where postcopy's page requests go (null: no postcopy,
+    // and a page request is an error).
+    ReturnPathIn(int fd, TlsSession *tls, PageRequests *requests = nullptr);
     ~ReturnPathIn();
     ReturnPathIn(const ReturnPathIn &) = delete;
     ReturnPathIn &operator=(const ReturnPathIn &) = delete;
@@ -67,6 +71,7 @@ private:
 
     int fd_;
     TlsSession *tls_;
+    PageRequests *const requests_;
     std::mutex mu_;
     std::condition_variable ended_cv_;
     std::optional<Error> error_; // protected by mu_

@@ -186,6 +186,11 @@ const HmpCommand kCommands[] = {
      "Enable/Disable the usage of a capability for migration", "", 1, true, set_capability},
     {"migrate_set_parameter", "parameter value", "Set the parameter for migration", "", 2, false,
      set_parameter},
+    {"migrate_start_postcopy", "",
+     "Followup to a migration command to switch the migration to postcopy mode. The "
+     "postcopy-ram capability must be set on both source and destination before the original "
+     "migration command .",
+     "", 0, false, [](const HmpCall &c) { return simple(c, "migrate-start-postcopy"); }},
     {"quit|q", "", "quit the emulator", "", 0, false,
      [](const HmpCall &c) { return simple(c, "quit"); }},
     {"stop|s", "", "stop emulation", "", 0, false,

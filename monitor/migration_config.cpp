@@ -7,8 +7,8 @@ namespace qmigd {
 namespace {
 
 // The capabilities qmigd implements; the rest are listed (false) and refused.
-const std::vector<std::string> kImplementedCaps = {"multifd", "events", "auto-converge",
-                                                   "mapped-ram", "return-path"};
+const std::vector<std::string> kImplementedCaps = {"multifd",     "events",      "auto-converge",
+                                                   "mapped-ram",  "return-path", "postcopy-ram"};
 
 QmpError type_error(const std::string &key, const char *type)
 {
@@ -243,7 +243,26 @@ std::optional<QmpError> MigrationConfig::set_capabilities(const json &args)
         }
         next[size_t(it - names.begin())] = state;
     }
+    if (auto e = check_combination(next)) {
+        return e;
+    }
     caps_ = next;
+    return std::nullopt;
+}
+
+// migrate_caps_check(): the combinations QEMU 10 refuses, in its words.
+std::optional<QmpError> MigrationConfig::check_combination(const std::vector<bool> &caps) const
+{
+    const auto &names = capability_names();
+    auto on = [&](std::string_view name) {
+        return caps[size_t(std::find(names.begin(), names.end(), name) - names.begin())];
+    };
+    if (on("postcopy-ram") && on("multifd")) {
+        return QmpError{"GenericError", "Postcopy is not yet compatible with multifd"};
+    }
+    if (on("mapped-ram") && on("postcopy-ram")) {
+        return QmpError{"GenericError", "Mapped-ram migration is incompatible with postcopy"};
+    }
     return std::nullopt;
 }
 

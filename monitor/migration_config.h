@@ -38,6 +38,7 @@ public:
     // "none" | "legacy" | "multifd" (ramstate/zero_page.h parses it).
     const std::string &zero_page_detection() const;
     uint64_t max_bandwidth() const { return params_["max-bandwidth"]; }
+    uint64_t max_postcopy_bandwidth() const { return params_["max-postcopy-bandwidth"]; }
     // "none" | "zlib" | "zstd" (protocol/multifd_compress.h parses it), and
     // the level of that method (multifd-zlib-level / multifd-zstd-level).
     const std::string &multifd_compression() const
@@ -63,6 +64,7 @@ public:
     unsigned max_cpu_throttle() const { return params_["max-cpu-throttle"]; }
 
 private:
+    std::optional<QmpError> check_combination(const std::vector<bool> &caps) const;
     std::optional<QmpError> check_parameter(const std::string &key, const json &value,
                                             json *normalized) const;
 

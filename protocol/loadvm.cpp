@@ -9,82 +9,15 @@
 #include <fmt/format.h>
 
 #include "protocol/device_state.h"
+#include "protocol/loader.h"
 #include "protocol/wire.h"
 
 namespace qmigd {
 
-namespace {
-
-enum class SectionKind { Ram, Timer, GlobalState };
-
-struct SectionInfo {
-    SectionKind kind;
-    std::string idstr;
-};
-
-// Run states a globalstate section may carry (QAPI RunState).
-constexpr std::array<std::string_view, 16> kRunStates = {
-    "debug",         "inmigrate",  "internal-error", "io-error",      "paused",
-    "postmigrate",   "prelaunch",  "finish-migrate", "restore-vm",    "running",
-    "save-vm",       "shutdown",   "suspended",      "watchdog",      "guest-panicked",
-    "colo",
-};
-
-// A stream can have a handful of sections; more is a broken peer.
-constexpr size_t kMaxSections = 64;
-constexpr uint32_t kMaxVmDescription = 16 << 20;
-
-class Loader {
-public:
-    Loader(QEMUFileReader &f, const LoadvmConfig &cfg, LoadvmHandler &h)
-        : f_(f), cfg_(cfg), h_(h), blocks_(cfg.blocks)
-    {
-    }
-
-    Result<LoadvmResult> run();
-
-private:
-    Status load_header();
-    Status load_configuration();
-    Status load_config_subsection();
-    Status load_section_start(uint8_t type);
-    Status load_section_part(uint8_t type);
-    Status load_command();
-    Status load_body(const SectionInfo &s, uint8_t type);
-    Status check_footer(uint32_t id, const SectionInfo &s);
-    Status ram_load(uint8_t type);
-    Status ram_load_mem_size(uint64_t total);
-    Status mapped_ram_load(size_t block, uint64_t length);
-    Status load_capabilities();
-    Status check_capabilities();
-    Result<size_t> ram_block_from_stream(uint64_t flags);
-    Status globalstate_load();
-    Status skip_vmdesc();
-    Status park_mem_size(uint64_t total);
-    Status park_device_state();
-    Status fail(std::string msg) { return Error(std::move(msg)); }
-    Status stream_status() { return f_.status(); }
-
-    QEMUFileReader &f_;
-    const LoadvmConfig &cfg_;
-    LoadvmHandler &h_;
-    // The destination's blocks, or in park mode the stream's once announced.
-    std::vector<RamBlockDesc> blocks_;
-    bool ram_ended_ = false; // the ram section's END was read
-    bool return_path_ = false; // OPEN_RETURN_PATH was read
-    std::map<uint32_t, SectionInfo> sections_;
-    // CONTINUE refers to the block of the previous ZERO/PAGE record, across
-    // sections (ram.c keeps it in a static for the same reason).
-    std::optional<size_t> last_block_;
-    bool source_mapped_ram_ = false; // configuration/capabilities listed it
-    LoadvmResult result_;
-    alignas(64) uint8_t page_[TARGET_PAGE_SIZE];
-};
-
 Status Loader::load_header()
 {
-    uint32_t magic = f_.get_be32();
-    uint32_t version = f_.get_be32();
+    uint32_t magic = f_->get_be32();
+    uint32_t version = f_->get_be32();
     QMIGD_TRY(stream_status());
     if (magic != QEMU_VM_FILE_MAGIC) {
         return fail(fmt::format("Not a migration stream (magic 0x{:08x})", magic));
@@ -100,17 +33,17 @@ Status Loader::load_header()
 
 Status Loader::load_configuration()
 {
-    if (f_.get_byte() != QEMU_VM_CONFIGURATION) {
+    if (f_->get_byte() != QEMU_VM_CONFIGURATION) {
         QMIGD_TRY(stream_status());
         return fail("Configuration section missing");
     }
-    uint32_t len = f_.get_be32();
+    uint32_t len = f_->get_be32();
     QMIGD_TRY(stream_status());
     if (len > 256) {
         return fail(fmt::format("Machine type name too long ({} bytes)", len));
     }
     std::string name(len, '\0');
-    f_.get_buffer(name.data(), len);
+    f_->get_buffer(name.data(), len);
     QMIGD_TRY(stream_status());
     result_.machine_type = name;
     // QEMU compares only the received prefix; we compare exactly.
@@ -120,7 +53,7 @@ Status Loader::load_configuration()
     }
     // Subsections follow with no terminator; at top level the next section
     // type can never be QEMU_VM_SUBSECTION, so the byte alone decides.
-    while (f_.peek_byte() == QEMU_VM_SUBSECTION) {
+    while (f_->peek_byte() == QEMU_VM_SUBSECTION) {
         QMIGD_TRY(load_config_subsection());
     }
     QMIGD_TRY(stream_status());
@@ -131,13 +64,13 @@ Status Loader::load_configuration()
 // capabilities QEMU validates, qmigd knows mapped-ram.
 Status Loader::load_capabilities()
 {
-    uint32_t count = f_.get_be32();
+    uint32_t count = f_->get_be32();
     QMIGD_TRY(stream_status());
     if (count > 64) {
         return fail(fmt::format("Too many capabilities in the configuration ({})", count));
     }
     for (uint32_t i = 0; i < count; i++) {
-        std::string cap = f_.get_cstr8();
+        std::string cap = f_->get_cstr8();
         QMIGD_TRY(stream_status());
         if (cap != "mapped-ram") {
             return fail(fmt::format("Capability '{}' is not supported by qmigd", wire_text(cap)));
@@ -160,15 +93,15 @@ Status Loader::check_capabilities()
 
 Status Loader::load_config_subsection()
 {
-    f_.get_byte();
-    std::string name = f_.get_cstr8();
-    uint32_t version = f_.get_be32();
+    f_->get_byte();
+    std::string name = f_->get_cstr8();
+    uint32_t version = f_->get_be32();
     QMIGD_TRY(stream_status());
     if (version != 1) {
         return fail(fmt::format("Unsupported version {} of {}", version, wire_text(name)));
     }
     if (name == "configuration/target-page-bits") {
-        uint32_t bits = f_.get_be32();
+        uint32_t bits = f_->get_be32();
         QMIGD_TRY(stream_status());
         if (bits != TARGET_PAGE_BITS) {
             return fail(fmt::format("Received TARGET_PAGE_BITS is {} but local is {}", bits,
@@ -181,7 +114,7 @@ Status Loader::load_config_subsection()
     }
     if (name == "configuration/uuid") {
         Uuid uuid;
-        f_.get_buffer(uuid.data(), uuid.size());
+        f_->get_buffer(uuid.data(), uuid.size());
         QMIGD_TRY(stream_status());
         result_.uuid = uuid;
         if (cfg_.uuid != Uuid{} && uuid != cfg_.uuid) {
@@ -195,10 +128,10 @@ Status Loader::load_config_subsection()
 
 Status Loader::load_section_start(uint8_t type)
 {
-    uint32_t id = f_.get_be32();
-    std::string idstr = f_.get_cstr8();
-    uint32_t instance = f_.get_be32();
-    uint32_t version = f_.get_be32();
+    uint32_t id = f_->get_be32();
+    std::string idstr = f_->get_cstr8();
+    uint32_t instance = f_->get_be32();
+    uint32_t version = f_->get_be32();
     QMIGD_TRY(stream_status());
 
     SectionKind kind;
@@ -241,7 +174,7 @@ Status Loader::load_section_start(uint8_t type)
 
 Status Loader::load_section_part(uint8_t type)
 {
-    uint32_t id = f_.get_be32();
+    uint32_t id = f_->get_be32();
     QMIGD_TRY(stream_status());
     auto it = sections_.find(id);
     if (it == sections_.end()) {
@@ -262,7 +195,7 @@ Status Loader::load_body(const SectionInfo &s, uint8_t type)
     case SectionKind::Ram:
         return ram_load(type);
     case SectionKind::Timer:
-        f_.skip(TIMER_BODY_SIZE);
+        f_->skip(TIMER_BODY_SIZE);
         return stream_status();
     case SectionKind::GlobalState:
         return globalstate_load();
@@ -272,12 +205,12 @@ Status Loader::load_body(const SectionInfo &s, uint8_t type)
 
 Status Loader::check_footer(uint32_t id, const SectionInfo &s)
 {
-    uint8_t b = f_.get_byte();
+    uint8_t b = f_->get_byte();
     QMIGD_TRY(stream_status());
     if (b != QEMU_VM_SECTION_FOOTER) {
         return fail(fmt::format("Missing section footer for {}", wire_text(s.idstr)));
     }
-    uint32_t got = f_.get_be32();
+    uint32_t got = f_->get_be32();
     QMIGD_TRY(stream_status());
     if (got != id) {
         return fail(fmt::format("Mismatched section id in footer for {} - read 0x{:x} "
@@ -287,52 +220,10 @@ Status Loader::check_footer(uint32_t id, const SectionInfo &s)
     return {};
 }
 
-Status Loader::load_command()
-{
-    uint16_t cmd = f_.get_be16();
-    uint16_t len = f_.get_be16();
-    QMIGD_TRY(stream_status());
-    if (cmd == MIG_CMD_INVALID || cmd >= MIG_CMD_MAX) {
-        return fail(fmt::format("MIG_CMD 0x{:x} unknown (len 0x{:x})", cmd, len));
-    }
-    // QEMU's mig_cmd_args: the payload length of the commands qmigd takes.
-    const char *name = cmd == MIG_CMD_OPEN_RETURN_PATH ? "OPEN_RETURN_PATH"
-                       : cmd == MIG_CMD_PING         ? "PING"
-                       : cmd == MIG_CMD_SWITCHOVER_START ? "SWITCHOVER_START"
-                                                         : nullptr;
-    if (!name) {
-        // Postcopy and COLO need more than a return path.
-        return fail(fmt::format("MIG_CMD 0x{:x} is not supported by qmigd (postcopy and COLO "
-                                "are not implemented)",
-                                cmd));
-    }
-    uint16_t want = cmd == MIG_CMD_PING ? 4 : 0;
-    if (len != want) {
-        return fail(fmt::format("{} received with bad length - expecting {}, got {}", name,
-                                want, len));
-    }
-    if (cmd == MIG_CMD_OPEN_RETURN_PATH) {
-        if (return_path_) {
-            return fail("CMD_OPEN_RETURN_PATH called when RP already open");
-        }
-        return_path_ = true;
-        return h_.open_return_path();
-    }
-    if (cmd == MIG_CMD_PING) {
-        uint32_t value = f_.get_be32();
-        QMIGD_TRY(stream_status());
-        if (!return_path_) {
-            return fail(fmt::format("CMD_PING (0x{:x}) received with no return path", value));
-        }
-        return h_.ping(value);
-    }
-    return {};
-}
-
 Status Loader::globalstate_load()
 {
     uint8_t body[GLOBALSTATE_BODY_SIZE];
-    f_.get_buffer(body, sizeof(body));
+    f_->get_buffer(body, sizeof(body));
     QMIGD_TRY(stream_status());
     uint32_t size = get_be32(body);
     const char *name = reinterpret_cast<const char *>(body + 4);
@@ -356,9 +247,9 @@ Result<size_t> Loader::ram_block_from_stream(uint64_t flags)
         }
         return *last_block_;
     }
-    std::string idstr = f_.get_cstr8();
-    if (f_.failed()) {
-        return f_.error();
+    std::string idstr = f_->get_cstr8();
+    if (f_->failed()) {
+        return f_->error();
     }
     for (size_t i = 0; i < blocks_.size(); i++) {
         if (blocks_[i].idstr == idstr) {
@@ -378,8 +269,8 @@ Status Loader::park_mem_size(uint64_t total)
         return fail("RAM block list sent twice");
     }
     while (total > 0) {
-        std::string idstr = f_.get_cstr8();
-        uint64_t length = f_.get_be64();
+        std::string idstr = f_->get_cstr8();
+        uint64_t length = f_->get_be64();
         QMIGD_TRY(stream_status());
         if (idstr.empty() || idstr.find('\0') != std::string::npos) {
             return fail("RAM block with an empty or NUL-bearing name");
@@ -411,8 +302,8 @@ Status Loader::ram_load_mem_size(uint64_t total)
         return park_mem_size(total);
     }
     while (total > 0) {
-        std::string idstr = f_.get_cstr8();
-        uint64_t length = f_.get_be64();
+        std::string idstr = f_->get_cstr8();
+        uint64_t length = f_->get_be64();
         QMIGD_TRY(stream_status());
         auto it = std::find_if(blocks_.begin(), blocks_.end(),
                                [&](const RamBlockDesc &b) { return b.idstr == idstr; });
@@ -440,20 +331,20 @@ Status Loader::ram_load_mem_size(uint64_t total)
 Status Loader::mapped_ram_load(size_t block, uint64_t length)
 {
     uint8_t raw[MAPPED_RAM_HEADER_SIZE];
-    f_.get_buffer(raw, sizeof(raw));
-    if (f_.failed()) {
-        return Error(f_.error()).prepend("Could not read whole mapped-ram migration header: ");
+    f_->get_buffer(raw, sizeof(raw));
+    if (f_->failed()) {
+        return Error(f_->error()).prepend("Could not read whole mapped-ram migration header: ");
     }
     MappedRamHeader h = mapped_ram_header_get(raw);
     QMIGD_TRY(h_.mapped_ram_block(block, h));
-    f_.seek(h.pages_offset + length);
+    f_->seek(h.pages_offset + length);
     return stream_status();
 }
 
 Status Loader::ram_load(uint8_t type)
 {
     for (;;) {
-        uint64_t word = f_.get_be64();
+        uint64_t word = f_->get_be64();
         QMIGD_TRY(stream_status());
         uint64_t flags = word & ~TARGET_PAGE_MASK;
         uint64_t addr = word & TARGET_PAGE_MASK;
@@ -473,7 +364,7 @@ Status Loader::ram_load(uint8_t type)
                 return fail(fmt::format("Illegal RAM offset {:x}", addr));
             }
             if ((flags & ~RAM_SAVE_FLAG_CONTINUE) == RAM_SAVE_FLAG_ZERO) {
-                uint8_t ch = f_.get_byte();
+                uint8_t ch = f_->get_byte();
                 QMIGD_TRY(stream_status());
                 if (ch != 0) {
                     return fail(fmt::format("Found a zero page with value {}", ch));
@@ -481,7 +372,7 @@ Status Loader::ram_load(uint8_t type)
                 QMIGD_TRY(h_.zero_page(*block, addr));
                 result_.zero_pages++;
             } else {
-                f_.get_buffer(page_, TARGET_PAGE_SIZE);
+                f_->get_buffer(page_, TARGET_PAGE_SIZE);
                 QMIGD_TRY(stream_status());
                 QMIGD_TRY(h_.put_page(*block, addr, page_));
                 result_.normal_pages++;
@@ -506,16 +397,16 @@ Status Loader::ram_load(uint8_t type)
 Status Loader::skip_vmdesc()
 {
     // Optional: QEMU always sends it, reads and discards it.
-    if (f_.peek_byte() != QEMU_VM_VMDESCRIPTION) {
+    if (f_->peek_byte() != QEMU_VM_VMDESCRIPTION) {
         return {};
     }
-    f_.get_byte();
-    uint32_t len = f_.get_be32();
+    f_->get_byte();
+    uint32_t len = f_->get_be32();
     QMIGD_TRY(stream_status());
     if (len > kMaxVmDescription) {
         return fail(fmt::format("VM description too long ({} bytes)", len));
     }
-    f_.skip(len);
+    f_->skip(len);
     return stream_status();
 }
 
@@ -526,9 +417,9 @@ Status Loader::park_device_state()
         return fail("a device section came before the end of RAM: qmigd cannot park this VM "
                     "(device state has no length on the wire)");
     }
-    f_.read_to_end(result_.device_state, kMaxDeviceState);
-    if (f_.failed()) {
-        return Error(f_.error()).prepend("device state: ");
+    f_->read_to_end(result_.device_state, kMaxDeviceState);
+    if (f_->failed()) {
+        return Error(f_->error()).prepend("device state: ");
     }
     auto info = device_state_check(result_.device_state);
     return info.status();
@@ -540,12 +431,14 @@ Result<LoadvmResult> Loader::run()
     QMIGD_TRY(load_configuration());
     h_.loading_started();
     for (;;) {
-        if (int next = f_.peek_byte();
-            cfg_.park && (next == QEMU_VM_SECTION_FULL || next == QEMU_VM_EOF)) {
+        // Parking: the device state is kept as it comes after RAM, unless
+        // a postcopy package brought it already.
+        if (int next = f_->peek_byte(); cfg_.park && !result_.postcopy &&
+                                        (next == QEMU_VM_SECTION_FULL || next == QEMU_VM_EOF)) {
             QMIGD_TRY(park_device_state());
             return result_;
         }
-        uint8_t type = f_.get_byte();
+        uint8_t type = f_->get_byte();
         QMIGD_TRY(stream_status());
         switch (type) {
         case QEMU_VM_SECTION_START:
@@ -560,15 +453,17 @@ Result<LoadvmResult> Loader::run()
             QMIGD_TRY(load_command());
             break;
         case QEMU_VM_EOF:
-            QMIGD_TRY(skip_vmdesc());
+            // No VM description follows in postcopy (should_send_vmdesc()),
+            // and the source waits for our SHUT: do not wait for one.
+            if (!result_.postcopy) {
+                QMIGD_TRY(skip_vmdesc());
+            }
             return result_;
         default:
             return Error(fmt::format("Unknown savevm section type {}", type));
         }
     }
 }
-
-} // namespace
 
 Result<LoadvmResult> qemu_loadvm_state(QEMUFileReader &f, const LoadvmConfig &cfg,
                                        LoadvmHandler &handler)

@@ -32,6 +32,10 @@ struct LoadvmConfig {
     // everything from the first device section on is kept as it came
     // (LoadvmResult::device_state).
     bool park = false;
+    // postcopy-ram: the source may switch to postcopy (POSTCOPY_ADVISE,
+    // RAM_DISCARD, and the device state in a PACKAGED command between
+    // LISTEN and RUN, before the rest of RAM).
+    bool postcopy_ram = false;
 };
 
 // What the loader asks of the owner of guest RAM. Called on the loader's
@@ -72,6 +76,19 @@ public:
     }
     // Progress notice: the main channel is about to read (for status).
     virtual void loading_started() {}
+    // POSTCOPY_LISTEN: the source has switched over; the device state is
+    // in and the rest of RAM follows (for status).
+    virtual void postcopy_listening() {}
+    // POSTCOPY_RAM_DISCARD of a range inside a block (checked): pages the
+    // source will send again. A destination without a running guest has
+    // nothing to drop: the new copy overwrites the stale one.
+    virtual Status discard_range(size_t block, uint64_t start, uint64_t length)
+    {
+        (void)block;
+        (void)start;
+        (void)length;
+        return {};
+    }
 };
 
 struct LoadvmResult {
@@ -84,6 +101,7 @@ struct LoadvmResult {
     std::optional<Uuid> uuid;    // configuration/uuid, if sent
     uint32_t ram_section_id = 0; // the ram section's id in the source's numbering
     std::vector<uint8_t> device_state; // first FULL section .. VM description
+    bool postcopy = false; // the source switched to postcopy (RUN was read)
 };
 
 // Reads header .. EOF (and the VM description, when present).

@@ -269,9 +269,11 @@ Result<ParkedVm> parked_vm_read(const std::string &dir)
     QMIGD_TRY(ds);
     vm->device_state.assign(ds->begin(), ds->end());
     vm->device_state_bytes = vm->device_state.size();
-    if (Status st = device_state_check(vm->device_state).status(); !st) {
-        return Error(st.error()).prepend(fmt::format("parked VM '{}': ", dir));
+    auto info = device_state_check(vm->device_state);
+    if (!info) {
+        return Error(info.error()).prepend(fmt::format("parked VM '{}': ", dir));
     }
+    vm->device_sections_bytes = info->sections_bytes;
     if (recorded && recorded != vm->device_state_bytes) {
         return Error(fmt::format("parked VM '{}': device state is {} bytes, the record says {}",
                                  dir, vm->device_state_bytes, recorded));

@@ -39,6 +39,9 @@ struct ParkedVm {
     std::vector<ParkedBlock> blocks;
     std::vector<uint8_t> device_state;
     size_t device_state_bytes = 0; // its size, kept where the bytes are not
+    // Of which the device sections, before QEMU_VM_EOF: what a postcopy
+    // resume packages (set when the device state is read back).
+    size_t device_sections_bytes = 0;
 };
 
 // NN-IDSTR.img for the index-th block, and the same in DIR.

@@ -1,0 +1,55 @@
+// Pages a postcopy destination asks for (MIG_RP_MSG_REQ_PAGES[_ID]): the
+// return path's reader checks and queues them, the migration thread sends
+// them before anything else (QEMU's ram_save_queue_pages() and
+// unqueue_page()).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "protocol/error.h"
+#include "protocol/qemu_format.h"
+
+namespace qmigd {
+
+struct PageRequest {
+    size_t block = 0;
+    uint64_t offset = 0; // page aligned
+    uint64_t len = 0;    // bytes, page aligned, inside the block
+};
+
+// Thread ownership: push() runs on the return path's reader thread,
+// pop() on the migration thread; the queue is protected by mu_, and
+// queued_ mirrors its size so that the migration thread's check between
+// pages takes no lock. last_block_ is the reader's alone.
+class PageRequests {
+public:
+    // Requests beyond this many queued are a broken or hostile peer: a
+    // destination's faulting threads wait for their pages, a few each.
+    static constexpr size_t kMaxQueued = 65536;
+
+    explicit PageRequests(std::vector<RamBlockDesc> blocks) : blocks_(std::move(blocks)) {}
+
+    // A request as it came: idstr null for REQ_PAGES (the block of the
+    // previous request). Errors in QEMU's words.
+    Status push(const std::string *idstr, uint64_t start, uint32_t len);
+    bool pending() const { return queued_.load(std::memory_order_acquire) != 0; }
+    std::optional<PageRequest> pop();
+    // postcopy-requests: every request, good or bad, as QEMU counts them.
+    uint64_t count() const { return count_.load(); }
+
+private:
+    const std::vector<RamBlockDesc> blocks_;
+    size_t last_block_ = SIZE_MAX; // reader thread only
+    std::mutex mu_;
+    std::deque<PageRequest> queue_; // protected by mu_
+    std::atomic<size_t> queued_{0};
+    std::atomic<uint64_t> count_{0};
+};
+
+} // namespace qmigd

@@ -1,0 +1,144 @@
+// The source's postcopy (QEMU's postcopy_start(), ram_save_iterate() in
+// postcopy and qemu_savevm_state_complete_postcopy()): the migration
+// thread's steps once migrate-start-postcopy was given.
+//
+// At switchover the guest stops here for good: the last dirty sync, a
+// RAM_DISCARD for every page dirty again (the destination drops its stale
+// copy and waits for the new one), then the device state wrapped in one
+// PACKAGED command with LISTEN before it and RUN after it, so that the
+// destination's guest runs while the rest of RAM streams behind. From then
+// on every page the destination asks for on the return path goes before
+// the background walk, and each page goes exactly once: a QEMU destination
+// places it with UFFDIO_COPY, which fails on a page already there.
+#include "daemon/migration_thread.h"
+
+#include <spdlog/spdlog.h>
+
+#include "daemon/page_requests.h"
+#include "daemon/ram_save.h"
+#include "protocol/postcopy.h"
+#include "protocol/savevm.h"
+
+namespace qmigd {
+
+namespace {
+
+// A PART section ends after this long, as in precopy.
+constexpr auto kPostcopySlice = std::chrono::milliseconds(50);
+
+} // namespace
+
+// migration_iteration_run(): once asked, postcopy starts at the next
+// iteration in which precopy would not finish anyway.
+bool MigrationThread::postcopy_requested() const
+{
+    return p_.postcopy_ram && shared_.start_postcopy.load();
+}
+
+Status MigrationThread::postcopy_start()
+{
+    auto stop_time = Clock::now();
+    bool running = false;
+    QMIGD_TRY(stop_for_switchover(&running));
+    ByteWriter &w = out_.w();
+    // ram_postcopy_send_discard_bitmap(): the last sync, then every page
+    // still to send is discarded at the destination.
+    dirty_sync();
+    uint64_t discarded = 0;
+    for (size_t i = 0; i < blocks_.size(); i++) {
+        DiscardRanges ranges =
+            postcopy_discard_ranges(ram_->bitmap(i), blocks_[i].image->pages());
+        for (const auto &r : ranges) {
+            discarded += r.second / TARGET_PAGE_SIZE;
+        }
+        savevm_put_postcopy_ram_discard(w, blocks_[i].desc.idstr, ranges);
+        QMIGD_TRY(out_.maybe_flush());
+    }
+    savevm_put_ping(w, POSTCOPY_PING_DISCARDED);
+    std::vector<uint8_t> package;
+    ByteWriter pw(package);
+    savevm_put_command(pw, MIG_CMD_POSTCOPY_LISTEN);
+    put_device_state(pw, running, false);
+    savevm_put_ping(pw, POSTCOPY_PING_PACKAGED);
+    savevm_put_command(pw, MIG_CMD_POSTCOPY_RUN);
+    // The last point of recovery: once the package may have gone, the
+    // destination may run the guest, and this side never resumes it.
+    shared_.vm_handed_over = true;
+    savevm_put_packaged(w, package);
+    savevm_put_ping(w, POSTCOPY_PING_RUNNING);
+    QMIGD_TRY(out_.flush());
+    shared_.stats.downtime_ms = ms_since(stop_time);
+    downtime_ = false;
+    in_postcopy_ = true;
+    ram_->count_bytes_in(&shared_.stats.postcopy_bytes);
+    owner_.post_status(MigrationStatus::Device, MigrationStatus::PostcopyActive);
+    spdlog::info("migration: postcopy started: {} pages discarded at the destination, device "
+                 "state {} bytes, downtime {} ms",
+                 discarded, package.size(), shared_.stats.downtime_ms.load());
+    return {};
+}
+
+// Pages the destination asked for, before anything else: each one still
+// to send goes now (one already sent is not sent again).
+Status MigrationThread::serve_page_requests()
+{
+    while (auto r = requests_->pop()) {
+        QMIGD_TRY(ram_->send_range(r->block, r->offset, r->len));
+    }
+    shared_.stats.postcopy_requests = requests_->count();
+    return {};
+}
+
+// One PART section: requested pages, then the background walk until the
+// slice or the rate window is used up, a request comes in, or nothing is
+// left.
+Status MigrationThread::postcopy_send_part()
+{
+    ByteWriter &w = out_.w();
+    savevm_put_section_continue(w, QEMU_VM_SECTION_PART, ram_section_id());
+    auto slice_start = Clock::now();
+    bool slice_over = false;
+    while (!slice_over && ram_->dirty_pages() > 0) {
+        QMIGD_TRY(serve_page_requests());
+        bool round_done = false;
+        QMIGD_TRY(ram_->send_dirty(false, &round_done, [&] {
+            slice_over = Clock::now() - slice_start > kPostcopySlice || over_rate();
+            return slice_over || requests_->pending();
+        }));
+    }
+    QMIGD_TRY(serve_page_requests());
+    ram_put_flag(w, RAM_SAVE_FLAG_EOS);
+    shared_.stats.postcopy_bytes += 8;
+    savevm_put_footer(w, ram_section_id());
+    return out_.flush();
+}
+
+Status MigrationThread::postcopy_iterate()
+{
+    while (ram_->dirty_pages() > 0) {
+        QMIGD_TRY(postcopy_send_part());
+        publish();
+        QMIGD_TRY(check_cancel());
+        QMIGD_TRY(rate_limit_wait());
+    }
+    return {};
+}
+
+// qemu_savevm_state_complete_postcopy(): RAM's END section (nothing is
+// left to send in it), then EOF; no VM description follows in postcopy.
+// The destination's SHUT says when its guest has every page.
+Status MigrationThread::postcopy_complete()
+{
+    ByteWriter &w = out_.w();
+    savevm_put_section_continue(w, QEMU_VM_SECTION_END, ram_section_id());
+    ram_put_flag(w, RAM_SAVE_FLAG_EOS);
+    shared_.stats.postcopy_bytes += 8;
+    savevm_put_footer(w, ram_section_id());
+    w.u8(QEMU_VM_EOF);
+    QMIGD_TRY(out_.flush());
+    spdlog::info("migration: postcopy sent every page ({} requested by the destination)",
+                 requests_->count());
+    return {};
+}
+
+}  // namespace qmigd
