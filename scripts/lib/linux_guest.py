@@ -79,6 +79,19 @@ def build_initramfs(directory):
 
 
 _accel = []  # the accelerator a guest came up under, once one did
+# ... remembered across processes: a KVM that cannot boot a guest (nested
+# without support) prints nothing and costs the whole boot timeout, once
+# per test file otherwise.
+ACCEL_MEMO = os.path.join(tempfile.gettempdir(), "qmigd-guest-accel")
+
+
+def _remembered_accel():
+    try:
+        with open(ACCEL_MEMO) as f:
+            accel = f.read().strip()
+    except OSError:
+        return None
+    return accel if accel in accelerators() else None
 
 
 def accelerators():
@@ -160,11 +173,15 @@ def boot(initrd, tag, log_dir=None, mem="512M", fill=32, timeout=BOOT_TIMEOUT):
     may print nothing), else under TCG; later guests (migration targets)
     use the same accelerator. Raises Unavailable when none boots."""
     tried = []
-    for accel in ([_accel[0]] if _accel else accelerators()):
+    first = _accel[0] if _accel else _remembered_accel()
+    order = [first] + [a for a in accelerators() if a != first] if first else accelerators()
+    for accel in order:
         guest = LinuxGuest("source", initrd, tag, log_dir, mem, fill=fill, accel=accel)
         try:
             guest.wait_booted(timeout)
             _accel[:] = [accel]
+            with open(ACCEL_MEMO, "w") as f:
+                f.write(accel)
             return guest
         except TimeoutError:
             tried.append(f"{accel}: {guest.serial.text()[-300:]!r}")

@@ -9,13 +9,19 @@ twice (a checkpoint), parked VMs relayed qmigd -> qmigd, and broken
 directories and streams refused, the directory untouched.
 
 KVM where a guest comes up under it, TCG otherwise; skipped, saying why,
-where no kernel or busybox is installed or no guest boots within 120 s."""
+where no kernel or busybox is installed or no guest boots within 120 s.
+
+By postcopy too: a guest that dirties memory faster than max-bandwidth
+lets precopy converge is parked by postcopy, and parked VMs resume by
+postcopy started at once -- the new QEMU runs the guest before its RAM
+is there and fetches the pages it touches from qmigd."""
 import atexit
 import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
+import time
 
 from itest import test, main, check, skip
 from runner import Peer, migrate, wait_status, start_incoming, unique_name, QMIGD
@@ -136,6 +142,81 @@ def test_qemu_park_then_resume_twice():
     resume_into_qemu(d, "resume1")
     resume_into_qemu(d, "resume2", multifd=False, zpd="legacy")  # the same checkpoint again
     check(snapshot(d) == before, "the parked VM's directory changed")
+
+
+POSTCOPY = [{"capability": "postcopy-ram", "state": True}]
+
+
+def resume_by_postcopy(directory, tag, before):
+    """qmigd --ram-dir directory -> a new QEMU by postcopy, started right
+    after `migrate`: the guest whose console was `before` runs on."""
+    src = guest = None
+    try:
+        src = resume_peer(tag + "-src", directory)
+        guest = lg.LinuxGuest("dest", initrd(), tag, log_dir=WORK)
+        for p in (src, guest):
+            p.qmp.cmd("migrate-set-capabilities", capabilities=POSTCOPY)
+        port = start_incoming(guest)
+        t0 = time.monotonic()
+        src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+        src.qmp.cmd("migrate-start-postcopy")
+        while guest.qmp.cmd("query-status")["status"] != "running":
+            check(time.monotonic() - t0 < 60, "the target never ran the guest")
+            time.sleep(0.002)
+        t_run = time.monotonic() - t0
+        si = wait_status(src, ("completed",), 120)
+        t_done = time.monotonic() - t0
+        wait_status(guest, ("completed",), 120)
+        check(si["ram"]["postcopy-requests"] > 0, f"the guest asked for no page: {si}")
+        last_n, first_n, gap = lg.continued(before, guest.serial)
+        print(f"  resumed by postcopy: running after {t_run:.3f} s, completed after "
+              f"{t_done:.2f} s, {si['ram']['postcopy-requests']} page requests; counter "
+              f"{last_n} -> {first_n}, guest uptime gap {gap:.2f} s")
+        return guest.serial
+    finally:
+        stop_all(src, guest)
+
+
+@test
+def test_resume_by_postcopy():
+    d, serial = parked_vm()
+    before = snapshot(d)
+    resume_by_postcopy(d, "pc-resume", serial)
+    check(snapshot(d) == before, "the parked VM's directory changed")
+
+
+@test
+def test_park_by_postcopy_when_precopy_cannot_converge():
+    """The guest rewrites 1 MiB every tick (10 MiB/s); at 1 MiB/s precopy
+    can never catch up. Postcopy parks it: the device state comes in the
+    package, the rest of RAM after; the parked VM then resumes by postcopy."""
+    guest = park = None
+    d = new_dir("pc-vm")
+    try:
+        try:
+            guest = lg.boot(initrd(), "pc-park-guest", log_dir=WORK)
+        except lg.Unavailable as why:
+            skip(str(why))
+        park = park_peer("pc-park", d)
+        for p in (guest, park):
+            p.qmp.cmd("migrate-set-capabilities", capabilities=POSTCOPY)
+        guest.qmp.cmd("migrate-set-parameters", {"max-bandwidth": 1 << 20})
+        port = start_incoming(park)
+        guest.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+        time.sleep(3)
+        info = guest.status()
+        check(info["status"] == "active", info)
+        guest.qmp.cmd("migrate-start-postcopy")
+        si = wait_status(guest, ("completed",), 120)
+        di = wait_status(park, ("completed",), 120)
+        check(di["parked"]["device-state-bytes"] > 1000, di)
+        print(f"  parked by postcopy: {info['ram']['remaining'] >> 20} MiB left of the first "
+              f"precopy pass; downtime {si['downtime']} ms, "
+              f"{si['ram']['postcopy-bytes'] >> 20} MiB after the switch")
+        serial = guest.serial
+    finally:
+        stop_all(guest, park)
+    resume_by_postcopy(d, "pc-parked-resume", serial)
 
 
 @test

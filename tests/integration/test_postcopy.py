@@ -1,0 +1,403 @@
+#!/usr/bin/env python3
+"""Postcopy (capability postcopy-ram) with QEMU 10 `-M none` guests and
+qmigd daemons: precopy runs under a max-bandwidth the guest outruns, then
+migrate-start-postcopy switches over -- the source discards what is dirty
+again, sends the device state packaged between LISTEN and RUN, and streams
+the rest. Byte-identical QEMU 10 -> qmigd, qmigd -> QEMU 10, qmigd -> qmigd,
+each side's MIGRATION events as QEMU's; a VM parked by postcopy and resumed
+by postcopy, its directory untouched; QEMU's refusals in QEMU's words next
+to a live QEMU 10; and a qmigd source serving a destination's page requests
+before anything else, each page once, and failing with QEMU's words on bad
+ones."""
+import os
+import socket
+import struct
+import tempfile
+import threading
+import time
+
+from itest import test, main, check
+from fixtures import images, peers, MiB
+from runner import (Peer, Guest, start_incoming, wait_status, files_equal, make_image,
+                    remove, unique_name)
+
+SIZE = 64 * MiB
+PC = [{"capability": "postcopy-ram", "state": True}, {"capability": "events", "state": True}]
+SRC_EVENTS = ["setup", "active", "device", "postcopy-active", "completed"]
+DST_EVENTS = ["setup", "active", "postcopy-active", "completed"]
+
+
+def with_postcopy(*peers_):
+    for p in peers_:
+        p.qmp.cmd("migrate-set-capabilities", capabilities=PC)
+
+
+def events(peer):
+    return [e["data"]["status"] for e in peer.qmp.poll_events(0.3) if e["event"] == "MIGRATION"]
+
+
+def postcopy_run(s, d, bandwidth=8 * MiB, precopy_secs=1.0, hmp=False, params=None):
+    """Precopy under `bandwidth`, then migrate-start-postcopy; returns
+    both sides' final query-migrate."""
+    with_postcopy(s, d)
+    s.qmp.cmd("migrate-set-parameters", {"max-bandwidth": bandwidth, **(params or {})})
+    port = start_incoming(d)
+    s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+    wait_status(s, ("active",), timeout=10)
+    time.sleep(precopy_secs)
+    check(s.status()["status"] == "active", "precopy finished before postcopy was asked for")
+    if hmp:
+        out = s.qmp.cmd("human-monitor-command", **{"command-line": "migrate_start_postcopy"})
+        check(out == "", out)
+    else:
+        s.qmp.cmd("migrate-start-postcopy")
+    si = wait_status(s, ("completed",), timeout=60)
+    di = wait_status(d, ("completed",), timeout=60)
+    return si, di
+
+
+def cell(src_kind, dst_kind):
+    def fn():
+        with images(SIZE * 2, "mixed") as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
+            _, s_img, d_img, _ = imgs[0]
+            guest = Guest(s_img, rate=20000, pattern="hot", hot_set=32 * MiB) \
+                if src_kind == "qmigd" else None
+            try:
+                si, di = postcopy_run(s, d, hmp=(dst_kind == "qmigd"))
+            finally:
+                if guest:
+                    guest.stop()
+            check(files_equal(s_img, d_img), "images differ")
+            ram = si["ram"]
+            check(ram["postcopy-bytes"] > 0 and ram["precopy-bytes"] > 0, ram)
+            check("downtime" in si and "expected-downtime" not in si, si)
+            check(d.qmp.cmd("query-status")["status"] == "running", "destination not running")
+            check(s.qmp.cmd("query-status")["status"] == "postmigrate", "source not postmigrate")
+            se, de = events(s), events(d)
+            check(se == SRC_EVENTS, f"{src_kind} source events {se}")
+            check(de == DST_EVENTS, f"{dst_kind} destination events {de}")
+            print(f"  {src_kind} -> {dst_kind}: precopy {ram['precopy-bytes'] >> 20} MiB, "
+                  f"postcopy {ram['postcopy-bytes'] >> 20} MiB, downtime {si['downtime']} ms, "
+                  f"total {si['total-time']} ms")
+    fn.__name__ = f"test_postcopy_{src_kind}_to_{dst_kind}"
+    test(fn)
+
+
+for src_kind, dst_kind in (("qmigd", "qemu"), ("qemu", "qmigd"), ("qmigd", "qmigd")):
+    cell(src_kind, dst_kind)
+
+
+def snapshot(directory):
+    out = {}
+    for name in sorted(os.listdir(directory)):
+        st = os.stat(os.path.join(directory, name))
+        with open(os.path.join(directory, name), "rb") as f:
+            out[name] = (st.st_size, st.st_mtime_ns, hash(f.read()))
+    return out
+
+
+@test
+def test_park_and_resume_by_postcopy():
+    """QEMU 10 -> qmigd --ram-dir by postcopy (the device state comes in
+    the package, before RAM ends), then qmigd --ram-dir -> a new QEMU 10
+    by postcopy started at once: the RAM is the guest's, the directory
+    unchanged."""
+    work = tempfile.mkdtemp(prefix="qmigd-pc-", dir="/dev/shm")
+    guest_img, out_img = os.path.join(work, "guest.ram"), os.path.join(work, "out.ram")
+    directory = os.path.join(work, "vm")
+    os.mkdir(directory)
+    make_image(guest_img, SIZE, "mixed", seed=3)
+    try:
+        g = Peer("qemu", "source", [("mem", guest_img, SIZE)], "pc-guest")
+        park = Peer("qmigd", "dest", [], "pc-park", extra=["--ram-dir", directory])
+        try:
+            si, di = postcopy_run(g, park, bandwidth=4 * MiB, precopy_secs=0.5)
+            check(di["parked"]["machine-type"] == "none", di)
+        finally:
+            park.stop()
+            g.stop()
+        before = snapshot(directory)
+        src = Peer("qmigd", "source", [], "pc-resume", extra=["--ram-dir", directory])
+        new = Peer("qemu", "dest", [("mem", out_img, SIZE)], "pc-new")
+        try:
+            with_postcopy(src, new)
+            port = start_incoming(new)
+            src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+            src.qmp.cmd("migrate-start-postcopy")
+            si = wait_status(src, ("completed",), timeout=60)
+            wait_status(new, ("completed",), timeout=60)
+            check(si["ram"]["postcopy-bytes"] > SIZE // 4, si)  # most of RAM after the switch
+            check(new.qmp.cmd("query-status")["status"] == "running")
+        finally:
+            src.stop()
+            new.stop()
+        check(files_equal(guest_img, out_img), "the resumed RAM is not the guest's")
+        check(snapshot(directory) == before, "the parked VM's directory changed")
+    finally:
+        remove(guest_img, out_img)
+        for name in os.listdir(directory):
+            os.unlink(os.path.join(directory, name))
+        os.rmdir(directory)
+        os.rmdir(work)
+
+
+def error_of(peer, cmd, **args):
+    r = peer.qmp.execute(cmd, **args)
+    check("error" in r, f"{peer.kind}: {cmd} succeeded: {r}")
+    return r["error"]["desc"]
+
+
+def caps(**kv):
+    return [{"capability": k.replace("_", "-"), "state": v} for k, v in kv.items()]
+
+
+@test
+def test_refusals_in_qemus_words():
+    """migrate-start-postcopy without the capability and before a
+    migration, postcopy-ram with multifd or mapped-ram, and migrate_cancel
+    once postcopy runs: qmigd says what QEMU 10 says, in both roles."""
+    with images(SIZE, "mixed") as imgs:
+        for role in ("source", "dest"):
+            q = Peer("qemu", role, [("mem", imgs[0][1], SIZE)], "ref-q")
+            m = Peer("qmigd", role, [("mem", imgs[0][1], SIZE)], "ref-m")
+            try:
+                for peer in (q, m):
+                    peer.errors = [error_of(peer, "migrate-start-postcopy")]
+                    peer.errors.append(error_of(peer, "migrate-set-capabilities",
+                                                capabilities=caps(multifd=True, postcopy_ram=True)))
+                    peer.errors.append(error_of(peer, "migrate-set-capabilities",
+                                                capabilities=caps(mapped_ram=True,
+                                                                  postcopy_ram=True)))
+                    peer.qmp.cmd("migrate-set-capabilities", capabilities=caps(postcopy_ram=True))
+                    if role == "source":
+                        peer.errors.append(error_of(peer, "migrate-start-postcopy"))
+                    peer.errors.append(error_of(peer, "migrate-set-capabilities",
+                                                capabilities=caps(multifd=True)))
+                check(q.errors == m.errors, f"{role}: QEMU {q.errors} qmigd {m.errors}")
+                print(f"  {role}: {m.errors}")
+            finally:
+                q.stop()
+                m.stop()
+
+
+@test
+def test_cancel_refused_once_postcopy_runs():
+    """A source in postcopy-active cannot take the VM back: migrate_cancel
+    is refused (QEMU's words, next to a QEMU source), and the migration
+    completes byte-identical."""
+    for src_kind in ("qemu", "qmigd"):
+        with images(SIZE, "mixed") as imgs, peers(src_kind, "qmigd", imgs) as (s, d):
+            with_postcopy(s, d)
+            s.qmp.cmd("migrate-set-parameters", {"max-bandwidth": 4 * MiB,
+                                                 "max-postcopy-bandwidth": 16 * MiB})
+            port = start_incoming(d)
+            s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+            wait_status(s, ("active",), timeout=10)
+            s.qmp.cmd("migrate-start-postcopy")
+            wait_status(s, ("postcopy-active",), timeout=10)
+            err = error_of(s, "migrate_cancel")
+            check(err == "Postcopy migration in progress, cannot cancel.", err)
+            si = wait_status(s, ("completed",), timeout=60)
+            wait_status(d, ("completed",), timeout=60)
+            check(files_equal(imgs[0][1], imgs[0][2]), f"{src_kind}: images differ")
+            # max-postcopy-bandwidth holds: ~60 MiB at 16 MiB/s.
+            check(si["total-time"] > 2500, f"{src_kind}: postcopy not rate limited: {si}")
+
+
+# --- a fake postcopy destination: parses what a qmigd source sends ---------
+
+def rp(type_, payload):
+    return struct.pack(">HH", type_, len(payload)) + payload
+
+
+def req_pages_id(start, length, block=b"mem"):
+    return rp(3, struct.pack(">QIB", start, length, len(block)) + block)
+
+
+def req_pages(start, length):
+    return rp(4, struct.pack(">QI", start, length))
+
+
+class StreamReader:
+    def __init__(self, sock):
+        self.sock, self.buf = sock, b""
+
+    def take(self, n):
+        while len(self.buf) < n:
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                raise EOFError("stream ended")
+            self.buf += chunk
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def u8(self):
+        return self.take(1)[0]
+
+    def be16(self):
+        return struct.unpack(">H", self.take(2))[0]
+
+    def be32(self):
+        return struct.unpack(">I", self.take(4))[0]
+
+    def be64(self):
+        return struct.unpack(">Q", self.take(8))[0]
+
+
+class FakePostcopyDestination:
+    """Reads a qmigd source's postcopy stream of one block ("mem"): notes
+    every page after the package, and calls on_package(conn) once the
+    package is in, so the test can send requests on the return path."""
+
+    def __init__(self, on_package):
+        self.srv = socket.create_server(("127.0.0.1", 0))
+        self.port = self.srv.getsockname()[1]
+        self.on_package = on_package
+        self.after = []       # (offset, arrival time) of pages after the package
+        self.package_at = None
+        self.error = None
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        c, _ = self.srv.accept()
+        c.settimeout(30)
+        try:
+            self.parse(c)
+        except Exception as e:  # the test reads it
+            self.error = e
+        finally:
+            c.close()
+
+    def ram(self, f):
+        while True:
+            word = f.be64()
+            flags, addr = word & 0xfff, word & ~0xfff
+            if flags & 0x10:  # EOS
+                return
+            if flags & 0x4:  # MEM_SIZE
+                f.take(f.u8())
+                f.be64()
+                continue
+            if not flags & 0x20:
+                f.take(f.u8())
+            if flags & 0x2:
+                f.u8()
+            else:
+                f.take(4096)
+            if self.package_at is not None:
+                self.after.append((addr, time.monotonic()))
+
+    def parse(self, c):
+        f = StreamReader(c)
+        f.take(8)
+        check(f.u8() == 7, "no configuration")
+        f.take(f.be32())
+        while True:
+            t = f.u8()
+            if t == 0x08:
+                cmd, length = f.be16(), f.be16()
+                body = f.take(length)
+                if cmd == 2:  # PING
+                    c.sendall(rp(2, body))
+                if cmd == 7:  # PACKAGED
+                    f.take(struct.unpack(">I", body)[0])
+                    self.package_at = time.monotonic()
+                    self.on_package(c)
+            elif t == 0x01:
+                f.be32()
+                f.take(f.u8())
+                f.take(8)
+                self.ram(f)
+                f.take(5)
+            elif t in (0x02, 0x03):
+                f.be32()
+                self.ram(f)
+                f.take(5)
+            elif t == 0x00:
+                c.sendall(rp(1, b"\0\0\0\0"))  # SHUT(0)
+                return
+            else:
+                raise AssertionError(f"unexpected section type {t}")
+
+    def close(self):
+        self.srv.close()
+        self.thread.join(timeout=30)
+
+
+def fake_run(s, on_package, bandwidth):
+    fake = FakePostcopyDestination(on_package)
+    try:
+        with_postcopy(s)
+        s.qmp.cmd("migrate-set-parameters", {"max-bandwidth": 4 * MiB,
+                                             "max-postcopy-bandwidth": bandwidth})
+        s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{fake.port}")
+        s.qmp.cmd("migrate-start-postcopy")
+        si = wait_status(s, ("completed", "failed"), timeout=60, fail_on=())
+    finally:
+        fake.close()
+    return fake, si
+
+
+@test
+def test_requested_pages_go_first_and_once():
+    """With max-postcopy-bandwidth at 16 MiB/s the background walk reaches
+    the end of a 64 MiB block after ~4 s; the last page, asked for once
+    the package is in, comes within 0.5 s. Asked again, and asked for a
+    page already sent, nothing is sent twice: every page after the switch
+    exactly once."""
+    last = SIZE - 4096
+    with images(SIZE, "random") as imgs, peers("qmigd", "qmigd", imgs) as (s, _):
+        def ask(c):
+            c.sendall(req_pages_id(last, 4096) + req_pages(last, 4096) + req_pages(0, 8192))
+        fake, si = fake_run(s, ask, 16 * MiB)
+    check(fake.error is None, f"fake destination: {fake.error}")
+    check(si["status"] == "completed", si)
+    offsets = [o for o, _ in fake.after]
+    check(len(offsets) == len(set(offsets)), "a page was sent twice after the switch")
+    check(last in offsets, "the requested page never came")
+    t_last = dict(fake.after)[last] - fake.package_at
+    check(t_last < 0.5, f"the requested page came {t_last:.2f} s after the package")
+    check(si["ram"]["postcopy-requests"] == 3, si["ram"])
+    print(f"  requested page after {t_last * 1000:.0f} ms, {len(offsets)} pages after the "
+          f"switch, total {si['total-time']} ms")
+
+
+BAD_REQUESTS = [
+    ("misaligned", req_pages_id(100, 4096),
+     "MIG_RP_MSG_REQ_PAGES: Misaligned page request, start:64 len: 4096"),
+    ("no previous block", req_pages(0, 4096), "MIG_RP_MSG_REQ_PAGES has no previous block"),
+    ("unknown block", req_pages_id(0, 4096, b"nope"), "MIG_RP_MSG_REQ_PAGES has no block 'nope'"),
+    ("overrun", req_pages_id(SIZE - 4096, 8192),
+     f"MIG_RP_MSG_REQ_PAGES request overrun, start={SIZE - 4096:x} len=2000 blocklen={SIZE:x}"),
+    ("wrapping", req_pages_id(2**64 - 4096, 8192),
+     f"MIG_RP_MSG_REQ_PAGES request overrun, start={2**64 - 4096:x} len=2000 "
+     f"blocklen={SIZE:x}"),
+    ("bad length", rp(3, struct.pack(">QIB", 0, 4096, 9) + b"mem"),
+     "Req_Page_id with length 16 expecting 22"),
+]
+
+
+@test
+def test_bad_page_requests_fail_the_source():
+    """Each bad request fails the source with QEMU's words; the daemon
+    then migrates again, byte-identical."""
+    with images(SIZE, "mixed") as imgs, peers("qmigd", "qmigd", imgs) as (s, d):
+        for name, msg, want in BAD_REQUESTS:
+            fake, si = fake_run(s, lambda c, m=msg: c.sendall(m), 1 * MiB)
+            check(si["status"] == "failed", (name, si))
+            check(want in si.get("error-desc", ""), (name, want, si))
+            # The VM may run at the destination now: it is not resumed here.
+            check(s.qmp.cmd("query-status")["status"] == "postmigrate", name)
+            s.qmp.cmd("cont")
+        s.qmp.cmd("migrate-set-parameters", {"max-bandwidth": 0})
+        with_postcopy(d)
+        port = start_incoming(d)
+        s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+        wait_status(s, ("completed",), timeout=60)
+        wait_status(d, ("completed",), timeout=60)
+        check(files_equal(imgs[0][1], imgs[0][2]), "images differ after the bad requests")
+
+
+if __name__ == "__main__":
+    main()
