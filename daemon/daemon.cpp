@@ -42,7 +42,8 @@ void Daemon::on_migration_status(MigrationStatus s)
             runstate_ = "finish-migrate";
         } else if (s == MigrationStatus::Completed) {
             runstate_ = "postmigrate"; // the guest stays paused
-        } else if (s == MigrationStatus::Failed && outgoing_->vm_handed_over()) {
+        } else if ((s == MigrationStatus::Failed || s == MigrationStatus::Cancelled) &&
+                   outgoing_->vm_handed_over()) {
             runstate_ = "postmigrate"; // the VM may run at the destination now
         } else if ((s == MigrationStatus::Failed || s == MigrationStatus::Cancelled) &&
                    runstate_ == "finish-migrate") {

@@ -35,7 +35,7 @@
 
 namespace qmigd {
 
-class OutgoingMigration : private MigrationOwner {
+class OutgoingMigration final : private MigrationOwner {
 public:
     using OnStatus = std::function<void(MigrationStatus)>;
     using OnPass = std::function<void(uint64_t)>;

@@ -2,13 +2,21 @@
 """Parking speed: a running q35 Linux guest (scripts/lib/linux_guest.py)
 migrated QEMU 10 -> QEMU 10, QEMU 10 -> qmigd (parked in /dev/shm) and
 qmigd -> QEMU 10 (resumed), interleaved, the same guest throughout (each
-run's target is the next run's source), unlimited bandwidth, 4 multifd
-channels, zero-page-detection multifd. Reports medians of wall time
-(migrate until both sides completed, by their MIGRATION events) and of the
-source's downtime, and for each switch the guest's counter gap.
+run's target is the next run's source), unlimited bandwidth.
 
-  scripts/bench_park.py                  # 1 GiB guest, 3 rounds
-  scripts/bench_park.py --mem 512M --repeat 5
+Every round: QEMU -> QEMU by precopy, then by postcopy; QEMU -> park; the
+parked VM resumed twice from the same directory, by precopy (that target
+is stopped once measured) and by postcopy started at once (that target
+runs on). Precopy uses 4 multifd channels with zero-page-detection
+multifd; postcopy the main channel (QEMU 10 refuses multifd with it) with
+zero-page-detection legacy. Reports medians of: the time from `migrate`
+until the target runs the guest (its query-status, polled every 2 ms),
+until both sides completed (their MIGRATION events), the source's
+downtime and, for postcopy, the page requests; for each switch the
+guest's counter gap.
+
+  scripts/bench_park.py                  # 1 GiB guest holding 384 MiB, 3 rounds
+  scripts/bench_park.py --mem 512M --fill 128 --repeat 5
 """
 import argparse
 import os
@@ -16,15 +24,40 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
-from runner import Peer, migrate  # noqa: E402
+from runner import Peer, start_incoming, wait_status, completed_at  # noqa: E402
 import linux_guest as lg  # noqa: E402
 
 
-def timed(src, dst, channels):
-    si, di, secs = migrate(src, dst, channels > 0, max(channels, 1), "multifd", events=True)
-    return {"secs": secs, "downtime": si.get("downtime", 0)}
+def timed(src, dst, channels, postcopy=False):
+    """One migration; returns its times (s), downtime (ms) and requests."""
+    multifd = channels > 0 and not postcopy
+    for p, zpd in ((src, "legacy" if postcopy else "multifd"), (dst, None)):
+        p.set_migration(multifd, max(channels, 1), zpd, 0, events=True)
+        p.qmp.cmd("migrate-set-capabilities",
+                  capabilities=[{"capability": "postcopy-ram", "state": postcopy}])
+    port = start_incoming(dst)
+    t0, wall0 = time.monotonic(), time.time()
+    src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+    if postcopy:
+        src.qmp.cmd("migrate-start-postcopy")
+    while dst.qmp.cmd("query-status")["status"] != "running":
+        if time.monotonic() - t0 > 300:
+            raise RuntimeError("the target never ran the guest")
+        time.sleep(0.002)
+    running = time.monotonic() - t0
+    si = wait_status(src, ("completed",), 300)
+    wait_status(dst, ("completed",), 300)
+    ends = [completed_at(p) for p in (src, dst)]
+    secs = max(ends) - wall0 if None not in ends else time.monotonic() - t0
+    return {"running": running, "secs": secs, "downtime": si.get("downtime", 0),
+            "requests": si["ram"]["postcopy-requests"]}
+
+
+ROWS = ["QEMU -> QEMU", "QEMU -> QEMU (postcopy)", "QEMU -> qmigd (park)",
+        "qmigd -> QEMU (resume)", "qmigd -> QEMU (resume by postcopy)"]
 
 
 def main():
@@ -33,53 +66,66 @@ def main():
     ap.add_argument("--mem", default="1G")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--channels", type=int, default=4)
-    ap.add_argument("--fill", type=int, default=512, help="MiB of random data the guest holds")
+    ap.add_argument("--fill", type=int, default=384, help="MiB of random data the guest holds")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="qmigd-bench-park-", dir="/dev/shm")
-    runs = {"QEMU -> QEMU": [], "QEMU -> qmigd (park)": [], "qmigd -> QEMU (resume)": []}
+    runs = {name: [] for name in ROWS}
     guest = None
     try:
         initrd = lg.build_initramfs(work)
         guest = lg.boot(initrd, "bpark", log_dir=work, mem=args.mem, fill=args.fill)
         checksum = guest.serial.checksums()[0]
 
-        def check_on(before, g):
-            last, nxt, gap = lg.continued(before.serial, g.serial, checksum=checksum)
-            return f"counter {last} -> {nxt}, guest gap {gap:.2f} s"
+        def new_target():
+            return lg.LinuxGuest("dest", initrd, "bpark", log_dir=work, mem=args.mem,
+                                 fill=args.fill)
+
+        def record(r, name, run, before=None, target=None):
+            runs[name].append(run)
+            gap = ""
+            if target is not None:
+                last, nxt, g = lg.continued(before.serial, target.serial, checksum=checksum)
+                run["gap"] = g
+                gap = f"  counter {last} -> {nxt}, guest gap {g:.2f} s"
+            print(f"round {r + 1} {name:36} running after {run['running']:.3f} s, completed "
+                  f"{run['secs']:.2f} s, downtime {run['downtime']} ms, "
+                  f"{run['requests']} requests{gap}", flush=True)
 
         for r in range(args.repeat):
-            target = lg.LinuxGuest("dest", initrd, "bpark", log_dir=work, mem=args.mem, fill=args.fill)
-            run = timed(guest, target, args.channels)
-            guest.stop()
-            runs["QEMU -> QEMU"].append(run)
-            print(f"round {r + 1} QEMU -> QEMU   {run['secs']:.2f} s downtime {run['downtime']} ms"
-                  f"  {check_on(guest, target)}", flush=True)
-            guest = target
+            for name, postcopy in ((ROWS[0], False), (ROWS[1], True)):
+                target = new_target()
+                run = timed(guest, target, args.channels, postcopy)
+                guest.stop()
+                record(r, name, run, guest, target)
+                guest = target
             d = tempfile.mkdtemp(prefix="vm-", dir=work)
             park = Peer("qmigd", "dest", [], "bpark-dst", extra=["--ram-dir", d], log_dir=work)
             run = timed(guest, park, args.channels)
             park.stop()
-            runs["QEMU -> qmigd (park)"].append(run)
-            print(f"round {r + 1} QEMU -> park   {run['secs']:.2f} s downtime {run['downtime']} ms",
-                  flush=True)
-            src = Peer("qmigd", "source", [], "bpark-src", extra=["--ram-dir", d], log_dir=work)
-            target = lg.LinuxGuest("dest", initrd, "bpark", log_dir=work, mem=args.mem, fill=args.fill)
-            run = timed(src, target, args.channels)
-            src.stop()
-            guest.stop()
-            runs["qmigd -> QEMU (resume)"].append(run)
-            print(f"round {r + 1} park -> QEMU   {run['secs']:.2f} s downtime {run['downtime']} ms"
-                  f"  {check_on(guest, target)}", flush=True)
-            guest = target
+            record(r, ROWS[2], run)
+            for name, postcopy in ((ROWS[3], False), (ROWS[4], True)):
+                src = Peer("qmigd", "source", [], "bpark-src", extra=["--ram-dir", d],
+                           log_dir=work)
+                target = new_target()
+                run = timed(src, target, args.channels, postcopy)
+                src.stop()
+                record(r, name, run, guest, target)
+                if postcopy:
+                    guest.stop()
+                    guest = target
+                else:
+                    target.stop()
             shutil.rmtree(d)
-        base = statistics.median(x["secs"] for x in runs["QEMU -> QEMU"])
-        print(f"\n| {args.mem} running guest holding {args.fill} MiB of random data, mf{args.channels}, median of {args.repeat} | time s | "
-              f"ratio to QEMU -> QEMU | source downtime ms |")
-        print("|---|---|---|---|")
+        print(f"\n| {args.mem} running guest holding {args.fill} MiB of random data, median of "
+              f"{args.repeat} | guest runs after s | completed after s | source downtime ms | "
+              f"postcopy requests | guest counter gap s |")
+        print("|---|---|---|---|---|---|")
         for name, rs in runs.items():
-            t = statistics.median(x["secs"] for x in rs)
-            dt = statistics.median(x["downtime"] for x in rs)
-            print(f"| {name} | {t:.2f} | {t / base:.2f}x | {dt:.0f} |")
+            med = {k: statistics.median(x.get(k, 0) for x in rs)
+                   for k in ("running", "secs", "downtime", "requests", "gap")}
+            gap = f"{med['gap']:.2f}" if "gap" in rs[0] else "-"
+            print(f"| {name} | {med['running']:.3f} | {med['secs']:.2f} | {med['downtime']:.0f} | "
+                  f"{med['requests']:.0f} | {gap} |")
     finally:
         if guest:
             guest.stop()

@@ -14,6 +14,7 @@ Scenario file (every key optional except source and destination):
   "source-parameters": {}, "destination-parameters": {},
   "uri": "tcp:127.0.0.1:0",
   "guest": {"rate": 20000, "pattern": "hot", "hot-set": "64M", "seed": 1},
+  "postcopy-after": 2.5,
   "verify": true,
   "keep-images": false,
   "timeout": 600
@@ -21,6 +22,11 @@ Scenario file (every key optional except source and destination):
 
 Images of launched peers are made by the run and removed after it unless
 "keep-images" is true.
+
+"postcopy-after" (with capability postcopy-ram on both sides, which
+--postcopy sets) sends migrate-start-postcopy that many seconds into the
+migration; 0 switches at once: resuming a parked VM that way runs it in
+milliseconds, its pages fetched as it touches them.
 
 Port 0 in the uri asks the destination for a free port (read back from
 query-migrate's socket-address, as QEMU 10 reports it).
@@ -172,6 +178,27 @@ class Progress:
             self.out.write("\n")
 
 
+class Postcopy:
+    """With postcopy-after (seconds, 0 = at once): migrate-start-postcopy
+    then, and the moment the destination runs the guest is reported."""
+
+    def __init__(self, after, src, dst, t0, out):
+        self.after, self.src, self.dst, self.t0, self.out = after, src, dst, t0, out
+        self.asked = self.running = after is None
+
+    def step(self):
+        now = time.monotonic() - self.t0
+        if not self.asked and now >= self.after:
+            self.src.qmp.cmd("migrate-start-postcopy")
+            self.asked = True
+            print(f"switching to postcopy after {now:.2f} s", file=self.out, flush=True)
+        if self.asked and not self.running:
+            if self.dst.qmp.cmd("query-status").get("status") == "running":
+                self.running = True
+                print(f"the destination runs the guest {now:.3f} s after migrate", file=self.out,
+                      flush=True)
+
+
 def start_guest(spec, src):
     """qmigd guest writing the source's first image (live scenarios)."""
     ram = src.spec["ram"][0]
@@ -206,7 +233,9 @@ def run(scn, out=sys.stdout):
         src.qmp.cmd("migrate", uri=f"tcp:{host}:{port}")
         bar = Progress(out)
         deadline = t0 + scn.get("timeout", 600)
+        postcopy = Postcopy(scn.get("postcopy-after"), src, dst, t0, out)
         while True:
+            postcopy.step()
             info = src.qmp.cmd("query-migrate")
             bar.show(info)
             if info.get("status") in ("completed", "failed", "cancelled"):
@@ -277,6 +306,10 @@ def run_main(argv):
     ap.add_argument("--zpd", choices=["none", "legacy", "multifd"])
     ap.add_argument("--max-bandwidth", type=int)
     ap.add_argument("--events", action="store_true")
+    ap.add_argument("--postcopy", type=float, nargs="?", const=0.0, metavar="AFTER",
+                    help="postcopy-ram on both sides, and migrate-start-postcopy AFTER seconds "
+                         "into the migration (at once without a value): the destination runs "
+                         "the guest at once and fetches what it touches")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a migration parameter for both sides")
     ap.add_argument("--verify", action="append", default=[], metavar="SRC_IMG:DST_IMG")
@@ -299,6 +332,9 @@ def run_main(argv):
         caps["events"] = True
     if a.zpd:
         params["zero-page-detection"] = a.zpd
+    if a.postcopy is not None:
+        caps["postcopy-ram"] = True
+        scn["postcopy-after"] = a.postcopy
     if a.max_bandwidth is not None:
         params["max-bandwidth"] = a.max_bandwidth
     try:

@@ -1,5 +1,6 @@
-// libFuzzer target: arbitrary bytes as a main channel (plain, multifd,
-// mapped-ram and park configurations) and as a multifd packet header. The decoders must reject
+// libFuzzer target: arbitrary bytes as a main channel (plain, postcopy,
+// multifd, mapped-ram and park configurations) and as a multifd packet
+// header. The decoders must reject
 // or accept without touching memory outside what they validated.
 #include <cstdint>
 #include <cstring>
@@ -34,6 +35,16 @@ struct BoundedRam : LoadvmHandler {
         return {};
     }
     Status multifd_flush() override { return {}; }
+    Status open_return_path() override { return {}; }
+    Status ping(uint32_t) override { return {}; }
+    Status discard_range(size_t block, uint64_t start, uint64_t length) override
+    {
+        if (block != 0 || start % TARGET_PAGE_SIZE || length % TARGET_PAGE_SIZE ||
+            start > kBlockSize || length > kBlockSize - start) {
+            __builtin_trap(); // the loader let a discard outside the block through
+        }
+        return {};
+    }
     // mapped-ram: the input is the whole file; a header that passes the
     // checks names regions inside it.
     uint64_t file_size = 0;
@@ -60,6 +71,16 @@ struct ParkRam : LoadvmHandler {
     }
     Status zero_page(size_t block, uint64_t offset) override { return check(block, offset); }
     Status multifd_flush() override { return {}; }
+    Status open_return_path() override { return {}; }
+    Status ping(uint32_t) override { return {}; }
+    Status discard_range(size_t block, uint64_t start, uint64_t length) override
+    {
+        if (block >= blocks.size() || start % TARGET_PAGE_SIZE || length % TARGET_PAGE_SIZE ||
+            start > blocks[block].used_length || length > blocks[block].used_length - start) {
+            __builtin_trap();
+        }
+        return {};
+    }
     Status announce_blocks(const std::vector<RamBlockDesc> &b) override
     {
         if (!blocks.empty() || b.empty()) {
@@ -82,11 +103,12 @@ struct ParkRam : LoadvmHandler {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    for (int mode : {0, 1, 2}) { // plain, multifd, mapped-ram
+    for (int mode : {0, 1, 2, 3}) { // plain, multifd, mapped-ram, postcopy
         LoadvmConfig cfg;
         cfg.blocks = {{"mem", kBlockSize}};
         cfg.multifd = mode == 1;
         cfg.mapped_ram = mode == 2;
+        cfg.postcopy_ram = mode == 3;
         MemoryInputStream in(data, size);
         QEMUFileReader f(in, 256);
         BoundedRam ram;
@@ -97,6 +119,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         LoadvmConfig cfg;
         cfg.park = true;
         cfg.multifd = true;
+        cfg.postcopy_ram = true;
         MemoryInputStream in(data, size);
         QEMUFileReader f(in, 256);
         ParkRam ram;

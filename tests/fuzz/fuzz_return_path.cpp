@@ -1,16 +1,20 @@
 // libFuzzer target: what a destination sends back on the return path, as
 // a qmigd source reads it (header, then a payload of the length the header
 // allows). A message that decodes has a known type, and names of no more
-// bytes than the message carried.
+// bytes than the message carried; a page request that the queue takes
+// lies inside its block.
 #include <cstdint>
 #include <cstring>
 
+#include "daemon/page_requests.h"
 #include "protocol/return_path.h"
 
 using namespace qmigd;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    const std::vector<RamBlockDesc> blocks = {{"mem", 1 << 20}, {"vga", 3 * TARGET_PAGE_SIZE}};
+    PageRequests requests(blocks);
     while (size >= RP_HEADER_SIZE) {
         uint16_t type = 0, len = 0;
         if (!rp_header_decode(data, &type, &len).ok()) {
@@ -31,6 +35,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         size_t name_at = type == MIG_RP_MSG_REQ_PAGES_ID ? 13 : 1;
         if (m.ok() && !m->idstr.empty() && name_at + m->idstr.size() > len) {
             __builtin_trap();
+        }
+        if (m.ok() && (type == MIG_RP_MSG_REQ_PAGES || type == MIG_RP_MSG_REQ_PAGES_ID)) {
+            (void)requests.push(type == MIG_RP_MSG_REQ_PAGES_ID ? &m->idstr : nullptr, m->start,
+                                m->len);
+            while (auto r = requests.pop()) {
+                const RamBlockDesc &b = blocks.at(r->block);
+                if (r->offset % TARGET_PAGE_SIZE || r->len == 0 || r->offset >= b.used_length ||
+                    r->len > b.used_length - r->offset) {
+                    __builtin_trap(); // the queue took a request outside its block
+                }
+            }
         }
         data += len;
         size -= len;

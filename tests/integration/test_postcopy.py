@@ -12,6 +12,8 @@ ones."""
 import os
 import socket
 import struct
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -139,6 +141,25 @@ def test_park_and_resume_by_postcopy():
             os.unlink(os.path.join(directory, name))
         os.rmdir(directory)
         os.rmdir(work)
+
+
+@test
+def test_qmig_run_postcopy_in_one_command():
+    """`qmig run --postcopy` turns postcopy on at both ends, switches at
+    once and says when the destination runs the guest."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    with images(SIZE, "mixed") as imgs, peers("qmigd", "qemu", imgs) as (s, d):
+        d.release_monitor()  # QEMU serves one monitor client: qmig's
+        r = subprocess.run([sys.executable, os.path.join(root, "scripts", "qmig"), "run",
+                            "--src", s.qmp_path, "--dst", d.qmp_path, "--postcopy",
+                            "--verify", f"{imgs[0][1]}:{imgs[0][2]}"],
+                           capture_output=True, text=True, timeout=120)
+        d.reconnect_monitor()
+        check(r.returncode == 0, r.stdout + r.stderr)
+        check("switching to postcopy after 0.0" in r.stdout, r.stdout)
+        check("the destination runs the guest" in r.stdout, r.stdout)
+        check("identical" in r.stdout, r.stdout)
+        check(s.status()["ram"]["postcopy-bytes"] > SIZE // 2, s.status())
 
 
 def error_of(peer, cmd, **args):

@@ -1,0 +1,431 @@
+// Postcopy on the wire: the source's encoders (discard ranges, ADVISE,
+// RAM_DISCARD batches, PACKAGED), the destination's loader on whole
+// postcopy streams (plain and parking) and on broken ones, in QEMU's words,
+// and the source's page request queue.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <random>
+
+#include "daemon/page_requests.h"
+#include "protocol/device_state.h"
+#include "protocol/loadvm.h"
+#include "protocol/postcopy.h"
+#include "protocol/return_path.h"
+#include "protocol/savevm.h"
+
+using namespace qmigd;
+
+namespace {
+
+constexpr uint64_t kPages = 16;
+constexpr uint64_t kBlockSize = kPages * TARGET_PAGE_SIZE;
+
+// The runs of set bits, one bit at a time.
+DiscardRanges naive_ranges(const std::vector<uint64_t> &bm, uint64_t pages)
+{
+    DiscardRanges out;
+    for (uint64_t p = 0; p < pages;) {
+        if (!((bm[p / 64] >> (p % 64)) & 1)) {
+            p++;
+            continue;
+        }
+        uint64_t s = p;
+        while (p < pages && ((bm[p / 64] >> (p % 64)) & 1)) {
+            p++;
+        }
+        out.emplace_back(s * TARGET_PAGE_SIZE, (p - s) * TARGET_PAGE_SIZE);
+    }
+    return out;
+}
+
+struct PostcopyRam : LoadvmHandler {
+    std::vector<uint8_t> ram = std::vector<uint8_t>(kBlockSize, 0xAA);
+    std::vector<uint32_t> pongs;
+    DiscardRanges discards;
+    bool listening = false;
+    bool announced = false;
+    Status put_page(size_t, uint64_t offset, const uint8_t *data) override
+    {
+        REQUIRE(offset + TARGET_PAGE_SIZE <= ram.size());
+        std::memcpy(ram.data() + offset, data, TARGET_PAGE_SIZE);
+        return {};
+    }
+    Status zero_page(size_t, uint64_t offset) override
+    {
+        std::memset(ram.data() + offset, 0, TARGET_PAGE_SIZE);
+        return {};
+    }
+    Status multifd_flush() override { return Error("no multifd"); }
+    Status open_return_path() override { return {}; }
+    Status ping(uint32_t value) override
+    {
+        pongs.push_back(value);
+        return {};
+    }
+    void postcopy_listening() override { listening = true; }
+    Status discard_range(size_t, uint64_t start, uint64_t length) override
+    {
+        discards.emplace_back(start, length);
+        return {};
+    }
+    Status announce_blocks(const std::vector<RamBlockDesc> &) override
+    {
+        announced = true;
+        return {};
+    }
+};
+
+LoadvmConfig postcopy_config(bool park = false)
+{
+    LoadvmConfig c;
+    if (!park) {
+        c.blocks = {{"mem", kBlockSize}};
+    }
+    c.park = park;
+    c.postcopy_ram = true;
+    return c;
+}
+
+const RamBlockDesc kMem{"mem", kBlockSize};
+
+void put_page(ByteWriter &w, RamRecordEncoder &rec, uint64_t page, uint8_t fill)
+{
+    rec.put_page_header(w, kMem, page * TARGET_PAGE_SIZE);
+    std::vector<uint8_t> bytes(TARGET_PAGE_SIZE, fill);
+    w.bytes(bytes.data(), bytes.size());
+}
+
+std::vector<uint8_t> package()
+{
+    std::vector<uint8_t> pkg;
+    ByteWriter p(pkg);
+    savevm_put_command(p, MIG_CMD_POSTCOPY_LISTEN);
+    savevm_put_timer(p, 0);
+    savevm_put_globalstate(p, 3, "running");
+    savevm_put_ping(p, POSTCOPY_PING_PACKAGED);
+    savevm_put_command(p, MIG_CMD_POSTCOPY_RUN);
+    return pkg;
+}
+
+// What a source sends: page 1 = 0x11 in precopy, discarded, then 0x22 in
+// postcopy with page 2 zero; the package in between.
+std::vector<uint8_t> postcopy_stream(const std::vector<uint8_t> &pkg = package())
+{
+    std::vector<uint8_t> out;
+    ByteWriter w(out);
+    RamRecordEncoder rec;
+    savevm_put_header(w);
+    savevm_put_configuration(w, "none");
+    savevm_put_command(w, MIG_CMD_OPEN_RETURN_PATH);
+    savevm_put_ping(w, RP_PING_OPEN);
+    savevm_put_postcopy_advise(w, TARGET_PAGE_SIZE);
+    savevm_put_section_header(w, QEMU_VM_SECTION_START, 1, "ram", 0, 4);
+    ram_put_mem_size(w, std::span(&kMem, 1));
+    put_page(w, rec, 1, 0x11);
+    ram_put_flag(w, RAM_SAVE_FLAG_EOS);
+    savevm_put_footer(w, 1);
+    savevm_put_command(w, MIG_CMD_SWITCHOVER_START);
+    savevm_put_postcopy_ram_discard(w, "mem", {{TARGET_PAGE_SIZE, 2 * TARGET_PAGE_SIZE}});
+    savevm_put_ping(w, POSTCOPY_PING_DISCARDED);
+    savevm_put_packaged(w, pkg);
+    savevm_put_ping(w, POSTCOPY_PING_RUNNING);
+    savevm_put_section_continue(w, QEMU_VM_SECTION_PART, 1);
+    put_page(w, rec, 1, 0x22);
+    rec.put_zero_page(w, kMem, 2 * TARGET_PAGE_SIZE);
+    ram_put_flag(w, RAM_SAVE_FLAG_EOS);
+    savevm_put_footer(w, 1);
+    savevm_put_section_continue(w, QEMU_VM_SECTION_END, 1);
+    ram_put_flag(w, RAM_SAVE_FLAG_EOS);
+    savevm_put_footer(w, 1);
+    w.u8(QEMU_VM_EOF); // no VM description in postcopy
+    return out;
+}
+
+Result<LoadvmResult> load(const std::vector<uint8_t> &bytes, PostcopyRam &ram,
+                          const LoadvmConfig &cfg)
+{
+    MemoryInputStream in(bytes.data(), bytes.size());
+    QEMUFileReader f(in, 64);
+    return qemu_loadvm_state(f, cfg, ram);
+}
+
+std::string load_error(const std::vector<uint8_t> &bytes,
+                       const LoadvmConfig &cfg = postcopy_config())
+{
+    PostcopyRam ram;
+    auto r = load(bytes, ram, cfg);
+    REQUIRE_FALSE(r.ok());
+    return r.error().message();
+}
+
+size_t find(const std::vector<uint8_t> &s, std::initializer_list<uint8_t> pat)
+{
+    std::vector<uint8_t> p(pat);
+    auto it = std::search(s.begin(), s.end(), p.begin(), p.end());
+    REQUIRE(it != s.end());
+    return size_t(it - s.begin());
+}
+
+// The stream with the command at `at` replaced by `cmd`.
+std::vector<uint8_t> replace_at(std::vector<uint8_t> s, size_t at, size_t old_len,
+                                const std::vector<uint8_t> &cmd)
+{
+    s.erase(s.begin() + long(at), s.begin() + long(at + old_len));
+    s.insert(s.begin() + long(at), cmd.begin(), cmd.end());
+    return s;
+}
+
+std::vector<uint8_t> command(uint16_t cmd, const std::vector<uint8_t> &payload)
+{
+    std::vector<uint8_t> out;
+    ByteWriter w(out);
+    w.u8(QEMU_VM_COMMAND);
+    w.be16(cmd);
+    w.be16(uint16_t(payload.size()));
+    w.bytes(payload.data(), payload.size());
+    return out;
+}
+
+constexpr size_t kAdviseSize = 5 + 16;
+
+} // namespace
+
+TEST_CASE("discard ranges are the runs of the bitmap", "[postcopy]")
+{
+    std::vector<uint64_t> bm(3, 0);
+    CHECK(postcopy_discard_ranges(bm, 150).empty());
+    bm = {~uint64_t(0), ~uint64_t(0), (uint64_t(1) << 22) - 1};
+    CHECK(postcopy_discard_ranges(bm, 150) ==
+          DiscardRanges{{0, 150 * TARGET_PAGE_SIZE}});
+    std::mt19937_64 rng(7);
+    for (int i = 0; i < 2000; i++) {
+        uint64_t pages = 1 + rng() % 300;
+        std::vector<uint64_t> r((pages + 63) / 64);
+        for (auto &word : r) {
+            word = i % 3 == 0 ? rng() : (rng() & rng() & rng()) | (i % 5 ? 0 : ~uint64_t(0) << 40);
+        }
+        if (pages % 64) {
+            r.back() &= (uint64_t(1) << (pages % 64)) - 1;
+        }
+        REQUIRE(postcopy_discard_ranges(r, pages) == naive_ranges(r, pages));
+    }
+}
+
+TEST_CASE("RAM_DISCARD commands carry 12 ranges each", "[postcopy]")
+{
+    DiscardRanges ranges;
+    for (uint64_t i = 0; i < 13; i++) {
+        ranges.emplace_back(i * 2 * TARGET_PAGE_SIZE, TARGET_PAGE_SIZE);
+    }
+    std::vector<uint8_t> out;
+    ByteWriter w(out);
+    savevm_put_postcopy_ram_discard(w, "pc.ram", ranges);
+    const size_t first = 5 + 3 + 6 + 12 * 16, second = 5 + 3 + 6 + 16;
+    REQUIRE(out.size() == first + second);
+    CHECK(out[0] == QEMU_VM_COMMAND);
+    CHECK(get_be16(&out[1]) == MIG_CMD_POSTCOPY_RAM_DISCARD);
+    CHECK(get_be16(&out[3]) == first - 5);
+    CHECK(out[5] == 0); // version
+    CHECK(out[6] == 6);
+    CHECK(std::memcmp(&out[7], "pc.ram", 6) == 0);
+    CHECK(out[13] == 0); // nil
+    CHECK(get_be64(&out[14 + 16]) == 2 * TARGET_PAGE_SIZE);
+    CHECK(get_be64(&out[first + 14]) == 24 * TARGET_PAGE_SIZE);
+    out.clear();
+    savevm_put_postcopy_ram_discard(w, "mem", {});
+    CHECK(out.empty());
+}
+
+TEST_CASE("ADVISE and PACKAGED as QEMU lays them out", "[postcopy]")
+{
+    std::vector<uint8_t> out;
+    ByteWriter w(out);
+    savevm_put_postcopy_advise(w, 0x201000);
+    CHECK(out == std::vector<uint8_t>{8, 0, 3, 0, 16, 0, 0, 0, 0, 0, 0x20, 0x10, 0,
+                                      0, 0, 0, 0, 0, 0, 0x10, 0});
+    out.clear();
+    savevm_put_packaged(w, std::vector<uint8_t>{1, 2, 3});
+    CHECK(out == std::vector<uint8_t>{8, 0, 7, 0, 4, 0, 0, 0, 3, 1, 2, 3});
+}
+
+TEST_CASE("a postcopy stream loads: device state from the package, RAM after it", "[postcopy]")
+{
+    PostcopyRam ram;
+    auto r = load(postcopy_stream(), ram, postcopy_config());
+    REQUIRE(r.ok());
+    CHECK(r->postcopy);
+    CHECK(r->runstate == "running");
+    CHECK(ram.listening);
+    CHECK(ram.pongs == std::vector<uint32_t>{1, 2, 3, 4});
+    CHECK(ram.discards == DiscardRanges{{TARGET_PAGE_SIZE, 2 * TARGET_PAGE_SIZE}});
+    CHECK(ram.ram[TARGET_PAGE_SIZE] == 0x22);
+    CHECK(ram.ram[2 * TARGET_PAGE_SIZE] == 0);
+    CHECK(ram.ram[0] == 0xAA);
+}
+
+TEST_CASE("parking keeps a postcopy package's device sections", "[postcopy][park]")
+{
+    PostcopyRam ram;
+    auto r = load(postcopy_stream(), ram, postcopy_config(true));
+    REQUIRE(r.ok());
+    CHECK(ram.announced);
+    CHECK(ram.pongs == std::vector<uint32_t>{1, 2, 3, 4});
+    auto info = device_state_check(r->device_state);
+    REQUIRE(info.ok());
+    auto pkg = package();
+    std::vector<uint8_t> sections(pkg.begin() + 5, pkg.end() - 5 - 9);
+    REQUIRE(info->sections_bytes == sections.size());
+    CHECK(std::equal(sections.begin(), sections.end(), r->device_state.begin()));
+
+    SECTION("a package that is not LISTEN, sections, RUN")
+    {
+        auto bad = pkg;
+        bad[2] = MIG_CMD_POSTCOPY_RUN;
+        CHECK(load_error(postcopy_stream(bad), postcopy_config(true)).find(
+                  "its postcopy package is not POSTCOPY_LISTEN") != std::string::npos);
+        bad = pkg;
+        bad.insert(bad.begin() + 5, {QEMU_VM_COMMAND, 0, 2, 0, 4, 0, 0, 0, 9});
+        CHECK(load_error(postcopy_stream(bad), postcopy_config(true)).find(
+                  "holds more than device sections") != std::string::npos);
+    }
+}
+
+TEST_CASE("postcopy commands out of place or malformed fail in QEMU's words", "[postcopy]")
+{
+    auto s = postcopy_stream();
+    size_t advise = find(s, {QEMU_VM_COMMAND, 0, MIG_CMD_POSTCOPY_ADVISE, 0, 16});
+    size_t discard = find(s, {QEMU_VM_COMMAND, 0, MIG_CMD_POSTCOPY_RAM_DISCARD});
+    size_t discard_len = 5 + get_be16(&s[discard + 3]);
+    LoadvmConfig plain = postcopy_config();
+    plain.postcopy_ram = false;
+
+    CHECK(load_error(s, plain) == "RAM postcopy is disabled but have 16 byte advise");
+    CHECK(load_error(replace_at(s, advise, kAdviseSize, command(MIG_CMD_POSTCOPY_ADVISE, {}))) ==
+          "RAM postcopy is enabled but have 0 byte advise");
+    CHECK(load_error(replace_at(s, advise, kAdviseSize,
+                                command(MIG_CMD_POSTCOPY_ADVISE, std::vector<uint8_t>(8)))) ==
+          "CMD_POSTCOPY_ADVISE invalid length (8)");
+    {
+        auto twice = s;
+        twice.insert(twice.begin() + long(advise), s.begin() + long(advise),
+                     s.begin() + long(advise + kAdviseSize));
+        CHECK(load_error(twice) == "CMD_POSTCOPY_ADVISE in wrong postcopy state (1)");
+    }
+    {
+        auto huge = s;
+        huge[advise + 5 + 5] = 0x20; // 0x201000
+        CHECK(load_error(huge) == "Postcopy needs matching RAM page sizes (s=201000 d=1000)");
+        auto tps = s;
+        tps[advise + 5 + 8 + 6] = 0x20;
+        CHECK(load_error(tps) == "Postcopy needs matching target page sizes (s=8192 d=4096)");
+    }
+    {
+        auto no_advise = s;
+        no_advise.erase(no_advise.begin() + long(advise),
+                        no_advise.begin() + long(advise + kAdviseSize));
+        CHECK(load_error(no_advise) == "CMD_POSTCOPY_RAM_DISCARD in wrong postcopy state (0)");
+    }
+    auto discard_with = [&](std::string_view id, uint8_t version, uint8_t nil,
+                            std::vector<std::pair<uint64_t, uint64_t>> ranges, int extra = 0) {
+        std::vector<uint8_t> p;
+        ByteWriter w(p);
+        w.u8(version);
+        w.cstr8(id);
+        w.u8(nil);
+        for (auto [a, b] : ranges) {
+            w.be64(a);
+            w.be64(b);
+        }
+        p.insert(p.end(), size_t(extra), 0);
+        return replace_at(s, discard, discard_len, command(MIG_CMD_POSTCOPY_RAM_DISCARD, p));
+    };
+    CHECK(load_error(discard_with("mem", 1, 0, {{0, 4096}})) ==
+          "CMD_POSTCOPY_RAM_DISCARD invalid version (1)");
+    CHECK(load_error(discard_with("mem", 0, 7, {{0, 4096}})) ==
+          "CMD_POSTCOPY_RAM_DISCARD missing nil (7)");
+    CHECK(load_error(discard_with("mem", 0, 0, {{0, 4096}}, 3)) ==
+          "CMD_POSTCOPY_RAM_DISCARD invalid length (19)");
+    CHECK(load_error(discard_with("mem", 0, 0, {})) ==
+          "CMD_POSTCOPY_RAM_DISCARD invalid length (6)");
+    CHECK(load_error(discard_with("nope", 0, 0, {{0, 4096}})) ==
+          "ram_discard_range: Failed to find block 'nope'");
+    CHECK(load_error(discard_with("mem", 0, 0, {{100, 4096}})) ==
+          "ram_block_discard_range: Unaligned start address: 0x64");
+    CHECK(load_error(discard_with("mem", 0, 0, {{kBlockSize - 4096, 8192}})) ==
+          "ram_block_discard_range: Overrun block 'mem' (61440/2000/10000)");
+    CHECK(load_error(discard_with("mem", 0, 0, {{4096, ~uint64_t(0) - 100}})) ==
+          "ram_block_discard_range: Overrun block 'mem' (4096/ffffffffffffff9b/10000)");
+    CHECK(load_error(discard_with("mem", 0, 0, {{4096, 100}})) ==
+          "ram_block_discard_range: Unaligned length: 64");
+}
+
+TEST_CASE("packages that are too big, cut, nested or never RUN are refused", "[postcopy]")
+{
+    auto pkg = package();
+    {
+        auto s = postcopy_stream();
+        size_t at = find(s, {QEMU_VM_COMMAND, 0, MIG_CMD_PACKAGED, 0, 4});
+        put_be32(&s[at + 5], uint32_t(kMaxDeviceState) + 1);
+        CHECK(load_error(s) == "Unreasonably large packaged state: 67108865");
+        s.resize(at + 9 + 10);
+        put_be32(&s[at + 5], uint32_t(pkg.size()));
+        CHECK(load_error(s).find("CMD_PACKAGED: Buffer receive fail: ") == 0);
+    }
+    auto no_run = pkg;
+    no_run.resize(pkg.size() - 5);
+    CHECK(load_error(postcopy_stream(no_run)) ==
+          "CMD_PACKAGED: the package ended before POSTCOPY_RUN");
+    std::vector<uint8_t> nested;
+    ByteWriter w(nested);
+    savevm_put_command(w, MIG_CMD_POSTCOPY_LISTEN);
+    savevm_put_packaged(w, pkg);
+    CHECK(load_error(postcopy_stream(nested)) == "CMD_PACKAGED inside a package");
+    std::vector<uint8_t> run_first;
+    ByteWriter r(run_first);
+    savevm_put_command(r, MIG_CMD_POSTCOPY_RUN);
+    CHECK(load_error(postcopy_stream(run_first)) == "CMD_POSTCOPY_RUN in wrong postcopy state (2)");
+    std::vector<uint8_t> part;
+    ByteWriter p(part);
+    savevm_put_command(p, MIG_CMD_POSTCOPY_LISTEN);
+    savevm_put_section_continue(p, QEMU_VM_SECTION_PART, 1);
+    CHECK(load_error(postcopy_stream(part)) == "Unexpected section type 2 in a postcopy package");
+    std::vector<uint8_t> listen_twice = pkg;
+    listen_twice.insert(listen_twice.begin(), pkg.begin(), pkg.begin() + 5);
+    CHECK(load_error(postcopy_stream(listen_twice)) ==
+          "CMD_POSTCOPY_LISTEN in wrong postcopy state (3)");
+}
+
+TEST_CASE("page requests are checked in QEMU's words and queued in order", "[postcopy]")
+{
+    PageRequests q({{"pc.ram", 1 << 20}, {"vga.vram", 1 << 16}});
+    std::string ram = "pc.ram", vga = "vga.vram", nope = "nope";
+    CHECK(q.push(nullptr, 0, 4096).error().message() ==
+          "MIG_RP_MSG_REQ_PAGES has no previous block");
+    CHECK(q.push(&ram, 100, 4096).error().message() ==
+          "MIG_RP_MSG_REQ_PAGES: Misaligned page request, start:64 len: 4096");
+    CHECK(q.push(&nope, 0, 4096).error().message() == "MIG_RP_MSG_REQ_PAGES has no block 'nope'");
+    CHECK(q.push(&vga, 0xf000, 0x2000).error().message() ==
+          "MIG_RP_MSG_REQ_PAGES request overrun, start=f000 len=2000 blocklen=10000");
+    CHECK(q.push(&vga, ~uint64_t(0) - 4095, 0x2000).error().message() ==
+          "MIG_RP_MSG_REQ_PAGES request overrun, start=fffffffffffff000 len=2000 "
+          "blocklen=10000");
+    CHECK(q.push(&vga, 0, 0).error().message() ==
+          "MIG_RP_MSG_REQ_PAGES request overrun, start=0 len=0 blocklen=10000");
+    CHECK_FALSE(q.pending());
+    REQUIRE(q.push(&ram, 0x1000, 0x3000).ok());
+    REQUIRE(q.push(nullptr, 0xff000, 0x1000).ok()); // the previous block
+    REQUIRE(q.push(&vga, 0x1000, 0).ok());          // a page, as QEMU serves it
+    CHECK(q.count() == 9);
+    auto a = q.pop(), b = q.pop(), c = q.pop();
+    REQUIRE((a && b && c));
+    CHECK((a->block == 0 && a->offset == 0x1000 && a->len == 0x3000));
+    CHECK((b->block == 0 && b->offset == 0xff000 && b->len == 0x1000));
+    CHECK((c->block == 1 && c->offset == 0x1000 && c->len == 0x1000));
+    CHECK_FALSE(q.pop());
+    for (size_t i = 0; i < PageRequests::kMaxQueued; i++) {
+        REQUIRE(q.push(&ram, 0, 4096).ok());
+    }
+    CHECK(q.push(&ram, 0, 4096).error().message() ==
+          "return path: more than 65536 page requests pending");
+}
