@@ -173,6 +173,7 @@ QmpResult Daemon::cmd_migrate(const json &args)
     p.direct_io = config_.direct_io();
     p.return_path = config_.capability("return-path");
     p.postcopy_ram = config_.capability("postcopy-ram");
+    p.postcopy_preempt = config_.capability("postcopy-preempt");
     p.max_postcopy_bandwidth = config_.max_postcopy_bandwidth();
     p.compression = {*compression, config_.multifd_compression_level()};
     auto tls = tls_params(TlsCreds::Endpoint::Client, *addr);
@@ -208,6 +209,7 @@ QmpResult Daemon::start_incoming(const Result<MigrationAddress> &addr)
     p.compression = *multifd_compression_parse(config_.multifd_compression());
     p.park_dir = opts_.ram_dir;
     p.postcopy_ram = config_.capability("postcopy-ram");
+    p.postcopy_preempt = config_.capability("postcopy-preempt");
     auto tls = tls_params(TlsCreds::Endpoint::Server, *addr);
     if (!tls) {
         return qmp_error(tls.error().message());

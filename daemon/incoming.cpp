@@ -48,6 +48,9 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     if (load_thread_.joinable()) {
         load_thread_.join();
     }
+    if (params.postcopy_preempt && params.tls.enabled()) {
+        return Error("qmigd: a destination takes postcopy-preempt without TLS only");
+    }
     if (!params.park_dir.empty()) {
         QMIGD_TRY(park_dir_check(params.park_dir));
         if (params.mapped_ram) {
@@ -59,6 +62,11 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     parked_.reset();
     park_ready_ = park_abort_ = false;
     park_descs_.clear();
+    end_preempt(); // a previous migration's, if any
+    {
+        std::lock_guard<std::mutex> lk(preempt_mu_);
+        preempt_ended_ = false;
+    }
     // A mapped-ram file has no channels to accept: its readers are threads.
     bool sockets = addr.transport == MigrationAddress::Transport::Socket;
     multifd_.assign(params.multifd && sockets ? params.channels : 0, std::nullopt);
@@ -99,6 +107,7 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     listener_ = std::make_unique<SocketListener>(
         loop_, 4, [this](PendingConnection *c, const Error *e) { on_prefix(c, e); },
         stranger_limits());
+    listener_->set_on_accept([this](PendingConnection *c) { return take_preempt(c); });
     QMIGD_TRY(listener_->listen(addr.socket));
     spdlog::info("incoming migration: listening on {} (multifd {}, {} channels, compression {})",
                  listener_->address().uri(), params.multifd ? "on" : "off", params.channels,
@@ -152,6 +161,7 @@ void IncomingMigration::fail_setup(const Error &err)
 
 void IncomingMigration::cleanup_channels()
 {
+    end_preempt();
     if (listener_) {
         listener_->close();
         listener_.reset();
@@ -236,6 +246,12 @@ void IncomingMigration::abort_with(const Error &err)
     }
     if (child_) {
         child_->terminate(); // set before the threads started, reset after
+    }
+    {
+        std::lock_guard<std::mutex> lk(preempt_mu_);
+        if (preempt_fd_ >= 0) {
+            shutdown_fd(preempt_fd_);
+        }
     }
     for (const auto &ch : multifd_) {
         if (ch) {

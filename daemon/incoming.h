@@ -60,6 +60,9 @@ struct IncomingParams {
     // postcopy-ram: the source may switch to postcopy; the device state
     // then comes in a package before the rest of RAM (protocol/loadvm.h).
     bool postcopy_ram = false;
+    // postcopy-preempt: the first connection after the main channel is the
+    // preempt channel, where a source sends the pages asked for.
+    bool postcopy_preempt = false;
 };
 
 class IncomingMigration {
@@ -126,6 +129,15 @@ private:
 
     void load_thread_main();
     void recv_thread_main(size_t id);
+    // Postcopy preempt (QEMU's postcopy_preempt_new_channel()): with
+    // postcopy-preempt, the first connection after the main channel is
+    // taken at accept, by its order as QEMU does (it sends nothing until a
+    // page goes on it), and read by a thread of its own.
+    bool take_preempt(PendingConnection *c);
+    void preempt_thread_main(int fd);
+    // After the main stream (load thread) or at cleanup (loop): wakes and
+    // joins the preempt reader; no preempt channel is taken after it.
+    void end_preempt();
     // Park mode. Load thread: creates the announced blocks' images.
     Status park_announce(const std::vector<RamBlockDesc> &descs);
     // Receive threads: the block list to decode packets with (null once
@@ -191,6 +203,13 @@ private:
     // The parked VM once complete (query). Loop thread only: the load
     // thread hands it over with finish().
     std::optional<ParkedVm> parked_;
+
+    // The preempt channel: taken on the loop, read by its thread, ended by
+    // the load thread (or cleanup); all three under preempt_mu_.
+    std::mutex preempt_mu_;
+    int preempt_fd_ = -1;         // protected by preempt_mu_
+    bool preempt_ended_ = false;  // protected by preempt_mu_
+    std::thread preempt_thread_;  // protected by preempt_mu_
 
     std::atomic<uint64_t> normal_pages_{0};
     std::atomic<uint64_t> zero_pages_{0};

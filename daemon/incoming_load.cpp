@@ -312,6 +312,9 @@ void IncomingMigration::load_thread_main()
         });
     });
     auto result = qemu_loadvm_state(f, load_cfg_, handler);
+    // The preempt channel's pages are in once its reader ends (QEMU shuts
+    // the channel down at the end of the stream too).
+    end_preempt();
     if (result) {
         if (Status st = handler.flush(); !st) {
             result = st.error();
@@ -362,6 +365,79 @@ void IncomingMigration::load_thread_main()
         parked_ = std::move(parked);
         finish(err, runstate);
     });
+}
+
+bool IncomingMigration::take_preempt(PendingConnection *c)
+{
+    if (!params_.postcopy_preempt || !main_ || !loading()) {
+        return false;
+    }
+    std::lock_guard<std::mutex> lk(preempt_mu_);
+    if (preempt_ended_ || preempt_fd_ >= 0) {
+        return false; // a stranger, as any other connection
+    }
+    auto fd = c->take();
+    if (!fd) {
+        return true;
+    }
+    set_link_timeout(*fd, params_.link_timeout_ms);
+    preempt_fd_ = *fd;
+    preempt_thread_ = std::thread([this, fd = *fd] {
+        set_thread_name("mig/dst/preempt");
+        preempt_thread_main(fd);
+    });
+    spdlog::info("incoming migration: postcopy preempt channel connected");
+    return true;
+}
+
+// QEMU's postcopy_preempt_thread(): the pages a source sends ahead of
+// the main channel, into the same images (a page goes on one channel
+// only, so the two never write the same one).
+void IncomingMigration::preempt_thread_main(int fd)
+{
+    const std::vector<RamBlockDesc> *descs = packet_blocks();
+    if (!descs) {
+        return;
+    }
+    LoadvmConfig cfg;
+    cfg.blocks = *descs;
+    FdInputStream in(fd, {}, nullptr);
+    QEMUFileReader f(in, 64 * 1024);
+    std::unique_ptr<ReturnPathOut> no_rp;
+    ImageLoadHandler handler(
+        blocks_, nullptr, nullptr, {},
+        [] { return Status(Error("OPEN_RETURN_PATH on the preempt channel")); }, no_rp);
+    auto r = qemu_load_preempt_channel(f, cfg, handler);
+    Status st = r ? handler.flush() : r.status();
+    bytes_.fetch_add(f.pos(), std::memory_order_relaxed);
+    if (r) {
+        normal_pages_.fetch_add(r->normal_pages);
+        zero_pages_.fetch_add(r->zero_pages);
+    }
+    if (!st) {
+        abort_with(Error(st.error()).prepend("postcopy preempt channel: "));
+    }
+}
+
+void IncomingMigration::end_preempt()
+{
+    std::thread t;
+    {
+        std::lock_guard<std::mutex> lk(preempt_mu_);
+        preempt_ended_ = true;
+        if (preempt_fd_ >= 0) {
+            shutdown_fd(preempt_fd_);
+        }
+        t = std::move(preempt_thread_);
+    }
+    if (t.joinable()) {
+        t.join();
+    }
+    std::lock_guard<std::mutex> lk(preempt_mu_);
+    if (preempt_fd_ >= 0) {
+        ::close(preempt_fd_);
+        preempt_fd_ = -1;
+    }
 }
 
 } // namespace qmigd

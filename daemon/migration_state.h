@@ -54,6 +54,9 @@ struct OutgoingParams {
     // return-path says), and migrate-start-postcopy switches over to
     // postcopy (daemon/postcopy_source.cpp).
     bool postcopy_ram = false;
+    // postcopy-preempt: at the switch a second connection to the
+    // destination carries the pages it asks for, ahead of the main channel.
+    bool postcopy_preempt = false;
     uint64_t max_postcopy_bandwidth = 0; // bytes/s once in postcopy, 0 = unlimited
     // multifd-compression (multifd channels only).
     MultiFDCompressionParams compression;

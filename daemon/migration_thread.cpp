@@ -56,6 +56,10 @@ MigrationThread::~MigrationThread()
 {
     rp_.reset(); // its reader is joined before the socket it reads goes
     ::close(main_fd_);
+    if (preempt_fd_ >= 0) {
+        // Only now, after the destination's SHUT: it ends its reader itself.
+        ::close(preempt_fd_);
+    }
 }
 
 uint64_t MigrationThread::transferred() const

@@ -24,6 +24,7 @@ namespace qmigd {
 class MappedRamSave;
 class MultiFDSend;
 class PageRequests;
+struct PageChannel;
 class RamSave;
 class TlsSession;
 
@@ -73,6 +74,7 @@ private:
     // Postcopy (postcopy_source.cpp).
     bool postcopy_requested() const;
     Status postcopy_start();
+    Status preempt_connect();
     Status postcopy_iterate();
     Status postcopy_send_part();
     Status serve_page_requests();
@@ -95,6 +97,11 @@ private:
     int main_fd_;
     std::unique_ptr<TlsSession> main_tls_; // with tls-creds, after setup's handshake
     std::unique_ptr<PageRequests> requests_; // with postcopy-ram: from rp_ to us
+    // With postcopy-preempt, from the switch on: where requested pages go.
+    int preempt_fd_ = -1;
+    std::unique_ptr<TlsSession> preempt_tls_;
+    std::unique_ptr<QEMUFileWriter> preempt_out_;
+    std::unique_ptr<PageChannel> preempt_;
     std::unique_ptr<ReturnPathIn> rp_;     // with return-path or postcopy, from setup on
     QEMUFileWriter out_;
     // mapped-ram: pages go to fixed places in the file, not into the stream.

@@ -8,14 +8,18 @@
 // PACKAGED command with LISTEN before it and RUN after it, so that the
 // destination's guest runs while the rest of RAM streams behind. From then
 // on every page the destination asks for on the return path goes before
-// the background walk, and each page goes exactly once: a QEMU destination
-// places it with UFFDIO_COPY, which fails on a page already there.
+// the background walk (on the preempt channel with postcopy-preempt, so
+// that it does not queue behind the main channel's), and each page goes
+// exactly once: a QEMU destination places it with UFFDIO_COPY, which fails
+// on a page already there.
 #include "daemon/migration_thread.h"
 
 #include <spdlog/spdlog.h>
 
 #include "daemon/page_requests.h"
 #include "daemon/ram_save.h"
+#include "daemon/socket_io.h"
+#include "daemon/tls/tls_session.h"
 #include "protocol/postcopy.h"
 #include "protocol/savevm.h"
 
@@ -35,8 +39,38 @@ bool MigrationThread::postcopy_requested() const
     return p_.postcopy_ram && shared_.start_postcopy.load();
 }
 
+// postcopy_preempt_establish_channel(): a second connection to where the
+// main channel goes, made at the switch and before the guest stops (a
+// destination takes it by its order, after the main channel). It carries
+// bare RAM records; a QEMU destination waits for it before loading the
+// package.
+Status MigrationThread::preempt_connect()
+{
+    auto fd = connect_to_peer_of(main_fd_, p_.link_timeout_ms);
+    if (!fd) {
+        return Error(fd.error()).prepend("postcopy_start: Failed to establish preempt channel: ");
+    }
+    preempt_fd_ = *fd;
+    set_link_timeout(preempt_fd_, p_.link_timeout_ms);
+    preempt_out_ = std::make_unique<QEMUFileWriter>(preempt_fd_);
+    if (p_.tls.enabled()) {
+        auto t = TlsSession::client(preempt_fd_, *p_.tls.creds, p_.tls.hostname);
+        if (!t) {
+            return Error(t.error()).prepend("postcopy_start: Failed to establish preempt channel: ");
+        }
+        preempt_tls_ = std::move(*t);
+        preempt_out_->set_tls(preempt_tls_.get());
+    }
+    preempt_ = std::make_unique<PageChannel>(PageChannel{*preempt_out_, {}});
+    spdlog::info("migration: postcopy preempt channel connected");
+    return {};
+}
+
 Status MigrationThread::postcopy_start()
 {
+    if (p_.postcopy_preempt) {
+        QMIGD_TRY(preempt_connect());
+    }
     auto stop_time = Clock::now();
     bool running = false;
     QMIGD_TRY(stop_for_switchover(&running));
@@ -82,11 +116,14 @@ Status MigrationThread::postcopy_start()
 // to send goes now (one already sent is not sent again).
 Status MigrationThread::serve_page_requests()
 {
+    bool sent = false;
     while (auto r = requests_->pop()) {
-        QMIGD_TRY(ram_->send_range(r->block, r->offset, r->len));
+        QMIGD_TRY(ram_->send_range(r->block, r->offset, r->len, preempt_.get()));
+        sent = true;
     }
     shared_.stats.postcopy_requests = requests_->count();
-    return {};
+    // On the preempt channel they leave at once: nothing queues before them.
+    return sent && preempt_out_ ? preempt_out_->flush() : Status();
 }
 
 // One PART section: requested pages, then the background walk until the

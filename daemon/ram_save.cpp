@@ -10,7 +10,8 @@ namespace qmigd {
 
 RamSave::RamSave(std::vector<RAMBlock> &blocks, ZeroPageDetection zpd, QEMUFileWriter &out,
                  int main_fd, MultiFDSend *multifd, MappedRamSave *file)
-    : blocks_(blocks), zpd_(zpd), out_(out), main_fd_(main_fd), multifd_(multifd), file_(file)
+    : blocks_(blocks), zpd_(zpd), out_(out), main_fd_(main_fd), multifd_(multifd), file_(file),
+      main_{out, {}}
 {
     for (const auto &b : blocks_) {
         descs_.push_back(b.desc);
@@ -121,16 +122,17 @@ Status RamSave::send_word(size_t block, size_t word, uint64_t bits)
         bool zero = zpd_ != ZeroPageDetection::None &&
                     RamImage::is_zero_page(where[i]);
         if (zero) {
-            *counter_ += records_.put_zero_page(out_.w(), b.desc, offsets[i]);
+            *counter_ += ch_->records.put_zero_page(ch_->out.w(), b.desc, offsets[i]);
             zero_++;
         } else if (multifd_) {
             QMIGD_TRY(multifd_->queue_page(block, offsets[i], copied ? where[i] : nullptr));
         } else {
-            *counter_ += records_.put_page_header(out_.w(), b.desc, offsets[i]) + TARGET_PAGE_SIZE;
-            out_.w().bytes(where[i], TARGET_PAGE_SIZE);
+            *counter_ +=
+                ch_->records.put_page_header(ch_->out.w(), b.desc, offsets[i]) + TARGET_PAGE_SIZE;
+            ch_->out.w().bytes(where[i], TARGET_PAGE_SIZE);
             normal_++;
         }
-        QMIGD_TRY(out_.maybe_flush());
+        QMIGD_TRY(ch_->out.maybe_flush());
     }
     return {};
 }
@@ -193,7 +195,16 @@ Status RamSave::send_dirty(bool until_done, bool *round_done,
     return round_flush();
 }
 
-Status RamSave::send_range(size_t block, uint64_t offset, uint64_t len)
+Status RamSave::send_range(size_t block, uint64_t offset, uint64_t len, PageChannel *urgent)
+{
+    // The records go to the urgent channel for the while (one thread).
+    ch_ = urgent ? urgent : &main_;
+    Status st = send_range_on(block, offset, len);
+    ch_ = &main_;
+    return st;
+}
+
+Status RamSave::send_range_on(size_t block, uint64_t offset, uint64_t len)
 {
     auto &bm = bitmaps_[block];
     uint64_t first = offset >> TARGET_PAGE_BITS;

@@ -23,6 +23,13 @@
 
 namespace qmigd {
 
+// A channel that carries ZERO/PAGE records: the main channel, or
+// postcopy's preempt channel; each remembers its own last block (CONTINUE).
+struct PageChannel {
+    QEMUFileWriter &out;
+    RamRecordEncoder records;
+};
+
 class RamSave {
 public:
     // `multifd` and `file` may be null (multifd off; no mapped-ram).
@@ -42,8 +49,9 @@ public:
     // should_yield() says the slice or the rate window is used up.
     Status send_dirty(bool until_done, bool *round_done, const std::function<bool()> &should_yield);
     // Postcopy: the pages of [offset, offset + len) still to send, now
-    // (a destination's request). Bounds are the caller's (PageRequests).
-    Status send_range(size_t block, uint64_t offset, uint64_t len);
+    // (a destination's request), on `urgent` if given, else the main
+    // channel. Bounds are the caller's (PageRequests).
+    Status send_range(size_t block, uint64_t offset, uint64_t len, PageChannel *urgent = nullptr);
     // End of a pass (and of setup): with multifd, every page queued so far
     // lands before the main channel goes on (SYNC on every channel, then
     // MULTIFD_FLUSH; with mapped-ram only the wait). Nothing without multifd.
@@ -63,6 +71,7 @@ public:
 
 private:
     Status send_word(size_t block, size_t word, uint64_t bits);
+    Status send_range_on(size_t block, uint64_t offset, uint64_t len);
     Status save_word_to_file(size_t block, const uint64_t *offsets, const uint8_t **where,
                              uint32_t n);
 
@@ -73,7 +82,8 @@ private:
     MultiFDSend *const multifd_;
     MappedRamSave *const file_;
     std::atomic<uint64_t> *counter_ = nullptr;
-    RamRecordEncoder records_;
+    PageChannel main_;
+    PageChannel *ch_ = &main_; // where send_word() writes records
     std::vector<RamBlockDesc> descs_;
     // Migration bitmaps: pages still to send, one bit per page.
     std::vector<std::vector<uint64_t>> bitmaps_;

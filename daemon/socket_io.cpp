@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -313,6 +314,43 @@ Result<int> take_blocking_fd(int uv_fd)
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     }
     return fd;
+}
+
+Result<int> connect_to_peer_of(int fd, unsigned timeout_ms)
+{
+    sockaddr_storage peer{};
+    socklen_t len = sizeof(peer);
+    if (getpeername(fd, reinterpret_cast<sockaddr *>(&peer), &len) < 0) {
+        return errno_error("the main channel's peer");
+    }
+    int s = socket(peer.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (s < 0) {
+        return errno_error("socket");
+    }
+    int rc = connect(s, reinterpret_cast<sockaddr *>(&peer), len);
+    if (rc < 0 && errno == EINPROGRESS) {
+        pollfd p{s, POLLOUT, 0};
+        rc = poll(&p, 1, timeout_ms ? int(timeout_ms) : -1);
+        int err = 0;
+        socklen_t elen = sizeof(err);
+        if (rc == 0) {
+            err = ETIMEDOUT;
+        } else if (rc > 0) {
+            getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &elen);
+        } else {
+            err = errno;
+        }
+        errno = err;
+        rc = err ? -1 : 0;
+    }
+    if (rc < 0) {
+        Error e = errno_error("connect");
+        ::close(s);
+        return e;
+    }
+    auto blocking = take_blocking_fd(s);
+    ::close(s);
+    return blocking;
 }
 
 } // namespace qmigd

@@ -104,6 +104,10 @@ inline void iov_append(struct iovec *iov, int *n, const void *p, size_t len)
 void shutdown_fd(int fd);
 // Makes a dup of a libuv-owned socket that blocks, with TCP_NODELAY.
 Result<int> take_blocking_fd(int uv_fd);
+// A new connection to where fd is connected (postcopy's preempt channel
+// goes to the main channel's address), blocking and with TCP_NODELAY;
+// fails after timeout_ms (0: as long as the kernel tries).
+Result<int> connect_to_peer_of(int fd, unsigned timeout_ms);
 // Dead-link detection on a migration socket: a channel whose peer stops
 // acknowledging (sent data, or keepalive probes while idle) for `ms` fails
 // with ETIMEDOUT instead of waiting as long as the kernel retransmits

@@ -7,8 +7,9 @@ namespace qmigd {
 namespace {
 
 // The capabilities qmigd implements; the rest are listed (false) and refused.
-const std::vector<std::string> kImplementedCaps = {"multifd",     "events",      "auto-converge",
-                                                   "mapped-ram",  "return-path", "postcopy-ram"};
+const std::vector<std::string> kImplementedCaps = {
+    "multifd", "events", "auto-converge", "mapped-ram", "return-path", "postcopy-ram",
+    "postcopy-preempt"};
 
 QmpError type_error(const std::string &key, const char *type)
 {
@@ -259,6 +260,9 @@ std::optional<QmpError> MigrationConfig::check_combination(const std::vector<boo
     };
     if (on("postcopy-ram") && on("multifd")) {
         return QmpError{"GenericError", "Postcopy is not yet compatible with multifd"};
+    }
+    if (on("postcopy-preempt") && !on("postcopy-ram")) {
+        return QmpError{"GenericError", "Postcopy preempt requires postcopy-ram"};
     }
     if (on("mapped-ram") && on("postcopy-ram")) {
         return QmpError{"GenericError", "Mapped-ram migration is incompatible with postcopy"};

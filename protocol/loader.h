@@ -44,6 +44,8 @@ public:
     }
 
     Result<LoadvmResult> run();
+    // RAM records until the end of the stream (postcopy's preempt channel).
+    Result<LoadvmResult> run_ram_records();
 
 private:
     Status load_header();

@@ -465,11 +465,27 @@ Result<LoadvmResult> Loader::run()
     }
 }
 
+Result<LoadvmResult> Loader::run_ram_records()
+{
+    while (f_->peek_byte() >= 0) {
+        QMIGD_TRY(ram_load(QEMU_VM_SECTION_PART));
+    }
+    QMIGD_TRY(stream_status());
+    return result_;
+}
+
 Result<LoadvmResult> qemu_loadvm_state(QEMUFileReader &f, const LoadvmConfig &cfg,
                                        LoadvmHandler &handler)
 {
     Loader loader(f, cfg, handler);
     return loader.run();
+}
+
+Result<LoadvmResult> qemu_load_preempt_channel(QEMUFileReader &f, const LoadvmConfig &cfg,
+                                               LoadvmHandler &handler)
+{
+    Loader loader(f, cfg, handler);
+    return loader.run_ram_records();
 }
 
 } // namespace qmigd

@@ -108,4 +108,10 @@ struct LoadvmResult {
 Result<LoadvmResult> qemu_loadvm_state(QEMUFileReader &f, const LoadvmConfig &cfg,
                                        LoadvmHandler &handler);
 
+// Postcopy's preempt channel (QEMU's postcopy_preempt_thread()): ZERO and
+// PAGE records of cfg.blocks with no section framing, until the channel
+// ends; an EOS record is allowed between them. Returns the pages loaded.
+Result<LoadvmResult> qemu_load_preempt_channel(QEMUFileReader &f, const LoadvmConfig &cfg,
+                                               LoadvmHandler &handler);
+
 } // namespace qmigd

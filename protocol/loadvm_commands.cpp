@@ -19,12 +19,7 @@ namespace qmigd {
 
 namespace {
 
-// QEMU's mig_cmd_args: the payload length (-1: variable) and name.
-struct CommandArgs {
-    int len;
-    const char *name;
-};
-constexpr CommandArgs kCommands[MIG_CMD_MAX] = {
+constexpr MessageArgs kCommands[MIG_CMD_MAX] = {
     {-1, "INVALID"},          {0, "OPEN_RETURN_PATH"}, {4, "PING"},
     {-1, "POSTCOPY_ADVISE"},  {0, "POSTCOPY_LISTEN"},  {0, "POSTCOPY_RUN"},
     {-1, "POSTCOPY_RAM_DISCARD"}, {4, "PACKAGED"},     {0, "ENABLE_COLO"},
@@ -51,7 +46,7 @@ Status Loader::load_command()
     if (cmd == MIG_CMD_INVALID || cmd >= MIG_CMD_MAX) {
         return fail(fmt::format("MIG_CMD 0x{:x} unknown (len 0x{:x})", cmd, len));
     }
-    const CommandArgs &args = kCommands[cmd];
+    const MessageArgs &args = kCommands[cmd];
     if (args.len != -1 && args.len != len) {
         return fail(fmt::format("{} received with bad length - expecting {}, got {}", args.name,
                                 args.len, len));

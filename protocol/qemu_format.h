@@ -49,6 +49,13 @@ enum : uint16_t {
     MIG_CMD_MAX = 12,
 };
 
+// QEMU's mig_cmd_args and rp_cmd_args: a command's or return path
+// message's payload length (-1: variable) and its name.
+struct MessageArgs {
+    int len;
+    const char *name;
+};
+
 // RAM record flags, the low bits of each ram record's header word.
 enum : uint64_t {
     RAM_SAVE_FLAG_ZERO = 0x002,

@@ -2,16 +2,13 @@
 
 #include <fmt/format.h>
 
+#include "protocol/qemu_format.h"
+
 namespace qmigd {
 
 namespace {
 
-// QEMU's rp_cmd_args: each message's payload length, -1 for variable.
-struct RpArgs {
-    int len;
-    const char *name;
-};
-constexpr RpArgs kRpArgs[MIG_RP_MSG_MAX] = {
+constexpr MessageArgs kRpArgs[MIG_RP_MSG_MAX] = {
     {-1, "INVALID"},   {4, "SHUT"},        {4, "PONG"},       {-1, "REQ_PAGES_ID"},
     {12, "REQ_PAGES"}, {-1, "RECV_BITMAP"}, {4, "RESUME_ACK"}, {0, "SWITCHOVER_ACK"},
 };
@@ -39,7 +36,7 @@ Status rp_header_decode(const uint8_t header[RP_HEADER_SIZE], uint16_t *type, ui
         return Error(fmt::format("Received invalid message 0x{:04x} length 0x{:04x}", *type,
                                  *len));
     }
-    const RpArgs &a = kRpArgs[*type];
+    const MessageArgs &a = kRpArgs[*type];
     if ((a.len != -1 && *len != a.len) || *len > RP_MAX_PAYLOAD) {
         // QEMU's words, the missing space included.
         return Error(fmt::format("Received '{}' message (0x{:04x}) withincorrect length {} "

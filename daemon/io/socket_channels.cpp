@@ -179,6 +179,9 @@ void SocketListener::on_connection(uv_stream_t *server, int status)
         return;
     }
     self->pending_.push_back(c);
+    if (self->on_accept_ && self->on_accept_(c)) {
+        return;
+    }
     self->start_reading(c);
 }
 

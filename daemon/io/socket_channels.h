@@ -103,6 +103,10 @@ public:
     {
     }
     ~SocketListener();
+    // Called at each accept, before any byte is read: returning true means
+    // the hook took (or closed) the connection.
+    using OnAccept = std::function<bool(PendingConnection *)>;
+    void set_on_accept(OnAccept f) { on_accept_ = std::move(f); }
     // A unix path is unlinked first and again at close(), as QEMU does.
     Status listen(const SocketAddress &addr);
     // What it listens on, with the port the kernel chose for port 0.
@@ -124,6 +128,7 @@ private:
     uv_loop_t *loop_;
     size_t first_want_;
     OnPrefix on_prefix_;
+    OnAccept on_accept_;
     ListenerLimits limits_;
     StreamHandle *server_ = nullptr;
     uv_timer_t *sweeper_ = nullptr;

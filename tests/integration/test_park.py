@@ -147,15 +147,20 @@ def test_qemu_park_then_resume_twice():
 POSTCOPY = [{"capability": "postcopy-ram", "state": True}]
 
 
-def resume_by_postcopy(directory, tag, before):
+PREEMPT = [{"capability": "postcopy-preempt", "state": True}]
+
+
+def resume_by_postcopy(directory, tag, before, preempt=False):
     """qmigd --ram-dir directory -> a new QEMU by postcopy, started right
-    after `migrate`: the guest whose console was `before` runs on."""
+    after `migrate`: the guest whose console was `before` runs on. With
+    preempt, the pages it asks for come on the preempt channel."""
     src = guest = None
     try:
         src = resume_peer(tag + "-src", directory)
         guest = lg.LinuxGuest("dest", initrd(), tag, log_dir=WORK)
         for p in (src, guest):
-            p.qmp.cmd("migrate-set-capabilities", capabilities=POSTCOPY)
+            p.qmp.cmd("migrate-set-capabilities",
+                      capabilities=POSTCOPY + (PREEMPT if preempt else []))
         port = start_incoming(guest)
         t0 = time.monotonic()
         src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
@@ -169,7 +174,8 @@ def resume_by_postcopy(directory, tag, before):
         wait_status(guest, ("completed",), 120)
         check(si["ram"]["postcopy-requests"] > 0, f"the guest asked for no page: {si}")
         last_n, first_n, gap = lg.continued(before, guest.serial)
-        print(f"  resumed by postcopy: running after {t_run:.3f} s, completed after "
+        check(("preempt channel connected" in src.log_text()) == preempt, "preempt channel")
+        print(f"  resumed by postcopy{' with preempt' if preempt else ''}: running after {t_run:.3f} s, completed after "
               f"{t_done:.2f} s, {si['ram']['postcopy-requests']} page requests; counter "
               f"{last_n} -> {first_n}, guest uptime gap {gap:.2f} s")
         return guest.serial
@@ -182,6 +188,7 @@ def test_resume_by_postcopy():
     d, serial = parked_vm()
     before = snapshot(d)
     resume_by_postcopy(d, "pc-resume", serial)
+    resume_by_postcopy(d, "pc-resume-preempt", serial, preempt=True)
     check(snapshot(d) == before, "the parked VM's directory changed")
 
 
