@@ -34,10 +34,13 @@ import linux_guest as lg  # noqa: E402
 def timed(src, dst, channels, postcopy=False):
     """One migration; returns its times (s), downtime (ms) and requests."""
     multifd = channels > 0 and not postcopy
-    for p, zpd in ((src, "legacy" if postcopy else "multifd"), (dst, None)):
-        p.set_migration(multifd, max(channels, 1), zpd, 0, events=True)
+    def postcopy_ram(p, state):
         p.qmp.cmd("migrate-set-capabilities",
-                  capabilities=[{"capability": "postcopy-ram", "state": postcopy}])
+                  capabilities=[{"capability": "postcopy-ram", "state": state}])
+    for p, zpd in ((src, "legacy" if postcopy else "multifd"), (dst, None)):
+        postcopy_ram(p, False)  # a guest that came by postcopy has it on
+        p.set_migration(multifd, max(channels, 1), zpd, 0, events=True)
+        postcopy_ram(p, postcopy)
     port = start_incoming(dst)
     t0, wall0 = time.monotonic(), time.time()
     src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
