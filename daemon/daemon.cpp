@@ -137,6 +137,16 @@ QmpResult Daemon::cmd_migrate(const json &args)
         !st) {
         return qmp_error(st.error().message());
     }
+    if (args.value("resume", false)) {
+        // migrate_prepare(): only a paused postcopy resumes.
+        if (opts_.role == Role::Destination) {
+            return qmp_error("Cannot resume if there is no paused migration");
+        }
+        if (auto st = outgoing_->resume(*addr); !st) {
+            return qmp_error(st.error().message());
+        }
+        return json::object();
+    }
     // A destination's own outgoing state is never running: QEMU's next
     // check, the run state, is what it reports.
     if (opts_.role == Role::Destination) {
@@ -271,6 +281,35 @@ void Daemon::register_migration_commands()
         }
         if (outgoing_) {
             outgoing_->start_postcopy();
+        }
+        return json::object();
+    });
+    q.register_command("migrate-pause", none, [this](const json &) -> QmpResult {
+        if (outgoing_ && migration_postcopy_is_alive(outgoing_->status())) {
+            outgoing_->pause();
+            return json::object();
+        }
+        if (incoming_ && migration_postcopy_is_alive(incoming_->status())) {
+            incoming_->pause();
+            return json::object();
+        }
+        return qmp_error("migrate-pause is currently only supported during postcopy-active or "
+                         "postcopy-recover state");
+    });
+    q.register_command("migrate-recover", std::vector<std::string>{"uri"},
+                       [this](const json &a) -> QmpResult {
+        if (!a["uri"].is_string()) {
+            return qmp_error("Invalid parameter type for 'uri', expected: string");
+        }
+        if (!incoming_ || incoming_->status() != MigrationStatus::PostcopyPaused) {
+            return qmp_error("Migrate recover can only be run when postcopy is paused.");
+        }
+        auto addr = parse_migration_uri(a["uri"]);
+        if (!addr) {
+            return qmp_error(addr.error().message());
+        }
+        if (auto st = incoming_->recover(*addr); !st) {
+            return qmp_error(st.error().message());
         }
         return json::object();
     });

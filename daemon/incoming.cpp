@@ -62,6 +62,12 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     parked_.reset();
     park_ready_ = park_abort_ = false;
     park_descs_.clear();
+    received_.clear();
+    {
+        std::lock_guard<std::mutex> lk(recover_mu_);
+        recover_fd_ = -1;
+        recover_abort_ = false;
+    }
     end_preempt(); // a previous migration's, if any
     {
         std::lock_guard<std::mutex> lk(preempt_mu_);
@@ -204,6 +210,11 @@ void IncomingMigration::maybe_start()
     load_cfg_ = LoadvmConfig{params_.machine_type, ram_block_descs(blocks_), channels,
                              params_.mapped_ram, params_.uuid, !params_.park_dir.empty(),
                              params_.postcopy_ram};
+    if (params_.postcopy_ram && !load_cfg_.park) {
+        for (const auto &b : blocks_) {
+            received_.push_back(std::make_unique<ReceivedBitmap>(b.image->pages()));
+        }
+    }
     sync_ = channels ? std::make_unique<MultifdRecvSync>(multifd_.size()) : nullptr;
     set_link_timeout(main_->fd, params_.link_timeout_ms);
     for (const auto &ch : multifd_) {
@@ -225,6 +236,11 @@ void IncomingMigration::abort_with(const Error &err)
         park_abort_ = true;
     }
     park_cv_.notify_all();
+    {
+        std::lock_guard<std::mutex> lk(recover_mu_);
+        recover_abort_ = true;
+    }
+    recover_cv_.notify_all();
     {
         std::lock_guard<std::mutex> lk(err_mu_);
         if (!thread_error_) {

@@ -34,6 +34,7 @@
 #include "daemon/tls/tls_handshakes.h"
 #include "daemon/tls/tls_session.h"
 #include "protocol/multifd_compress.h"
+#include "ramstate/received_bitmap.h"
 
 namespace qmigd {
 
@@ -86,12 +87,18 @@ public:
     nlohmann::json query() const;
     // The run state the source sent in globalstate (after completion).
     const std::string &runstate() const { return runstate_; }
+    // migrate-pause in postcopy: the main channel is shut down and the
+    // load pauses as for a broken link.
+    void pause();
+    // migrate-recover: listens on addr; the first connection is the new
+    // main channel of the paused load (QEMU takes it by its order).
+    Status recover(const MigrationAddress &addr);
 
 private:
-    // The channels are the load threads' (active, or postcopy-active).
+    // The channels are the load threads' (active, or in postcopy).
     bool loading() const
     {
-        return status_ == MigrationStatus::Active || status_ == MigrationStatus::PostcopyActive;
+        return status_ == MigrationStatus::Active || migration_in_postcopy(status_);
     }
 
     struct Channel {
@@ -138,6 +145,11 @@ private:
     // After the main stream (load thread) or at cleanup (loop): wakes and
     // joins the preempt reader; no preempt channel is taken after it.
     void end_preempt();
+    // Postcopy recovery (QEMU's postcopy_pause_incoming()): the load thread
+    // waits for the new main channel (migrate-recover's first connection,
+    // taken by take_recovered() on the loop), or for the migration's end.
+    Result<int> postcopy_pause_incoming(const Error &why);
+    bool take_recovered(PendingConnection *c);
     // Park mode. Load thread: creates the announced blocks' images.
     Status park_announce(const std::vector<RamBlockDesc> &descs);
     // Receive threads: the block list to decode packets with (null once
@@ -210,6 +222,15 @@ private:
     int preempt_fd_ = -1;         // protected by preempt_mu_
     bool preempt_ended_ = false;  // protected by preempt_mu_
     std::thread preempt_thread_;  // protected by preempt_mu_
+
+    // Postcopy recovery's hand-over, loop thread to load thread.
+    std::mutex recover_mu_;
+    std::condition_variable recover_cv_;
+    int recover_fd_ = -1;        // protected by recover_mu_
+    bool recover_abort_ = false; // protected by recover_mu_
+    // With postcopy-ram, one per block (made once the blocks are known,
+    // before pages come): what a recovery tells the source we have.
+    std::vector<std::unique_ptr<ReceivedBitmap>> received_;
 
     std::atomic<uint64_t> normal_pages_{0};
     std::atomic<uint64_t> zero_pages_{0};

@@ -41,6 +41,37 @@ public:
     Status open_return_path() override { return open_rp_(); }
     // POSTCOPY_LISTEN: the owner's status becomes postcopy-active.
     void set_on_listen(std::function<void()> f) { on_listen_ = std::move(f); }
+    // With postcopy-ram: pages are marked received once in the image, and
+    // a recovery's POSTCOPY_RESUME is reported.
+    void set_postcopy(std::vector<std::unique_ptr<ReceivedBitmap>> *received,
+                      std::function<void()> on_resume)
+    {
+        received_ = received;
+        on_resume_ = std::move(on_resume);
+    }
+    Status discard_range(size_t block, uint64_t start, uint64_t length) override
+    {
+        QMIGD_TRY(flush());
+        mark(block, start, length, false);
+        return {};
+    }
+    Status send_recv_bitmap(size_t block) override
+    {
+        QMIGD_TRY(flush());
+        if (!received_ || block >= received_->size() || !rp_) {
+            return Error("no received bitmap to send");
+        }
+        const ReceivedBitmap &r = *(*received_)[block];
+        return rp_->recv_bitmap(blocks_[block].desc.idstr, r.snapshot(), r.pages());
+    }
+    Status postcopy_resume() override
+    {
+        QMIGD_TRY(rp_ ? rp_->resume_ack() : Status(Error("no return path")));
+        if (on_resume_) {
+            on_resume_();
+        }
+        return {};
+    }
     void postcopy_listening() override
     {
         if (on_listen_) {
@@ -76,7 +107,9 @@ public:
     Status zero_page(size_t block, uint64_t offset) override
     {
         QMIGD_TRY(flush());
-        return blocks_[block].image->zero_page(offset);
+        QMIGD_TRY(blocks_[block].image->zero_page(offset));
+        mark(block, offset, TARGET_PAGE_SIZE, true);
+        return {};
     }
     Status multifd_flush() override
     {
@@ -87,18 +120,37 @@ public:
     {
         uint32_t n = run_pages_;
         run_pages_ = 0;
-        return n ? blocks_[run_block_].image->write(run_offset_, run_.get(),
-                                                    size_t(n) * TARGET_PAGE_SIZE)
-                 : Status();
+        if (n == 0) {
+            return {};
+        }
+        QMIGD_TRY(blocks_[run_block_].image->write(run_offset_, run_.get(),
+                                                   size_t(n) * TARGET_PAGE_SIZE));
+        mark(run_block_, run_offset_, uint64_t(n) * TARGET_PAGE_SIZE, true);
+        return {};
     }
 
 private:
+    void mark(size_t block, uint64_t offset, uint64_t len, bool received)
+    {
+        if (!received_ || block >= received_->size()) {
+            return;
+        }
+        ReceivedBitmap &r = *(*received_)[block];
+        if (received) {
+            r.set(offset / TARGET_PAGE_SIZE, len / TARGET_PAGE_SIZE);
+        } else {
+            r.clear(offset / TARGET_PAGE_SIZE, len / TARGET_PAGE_SIZE);
+        }
+    }
+
     std::vector<RAMBlock> &blocks_;
     MultifdRecvSync *sync_;
     const MappedRamFileIn *file_; // null unless mapped-ram
     Announce announce_;           // park mode only
     std::function<Status()> open_rp_;
     std::function<void()> on_listen_;
+    std::function<void()> on_resume_;
+    std::vector<std::unique_ptr<ReceivedBitmap>> *received_ = nullptr;
     std::unique_ptr<ReturnPathOut> &rp_; // set by open_rp_
     MappedRamCounts file_counts_;
     std::unique_ptr<uint8_t[]> run_;
@@ -227,6 +279,11 @@ Status IncomingMigration::park_announce(const std::vector<RamBlockDesc> &descs)
     }
     spdlog::info("incoming migration: parking {} RAM blocks in {}", descs.size(),
                  params_.park_dir);
+    if (params_.postcopy_ram) {
+        for (const auto &b : blocks_) {
+            received_.push_back(std::make_unique<ReceivedBitmap>(b.image->pages()));
+        }
+    }
     {
         std::lock_guard<std::mutex> lk(park_mu_);
         park_descs_ = descs;
@@ -302,6 +359,15 @@ void IncomingMigration::load_thread_main()
     };
     ImageLoadHandler handler(blocks_, sync_.get(), params_.mapped_ram ? &file_in_ : nullptr,
                              std::move(announce), open_rp, rp_);
+    if (params_.postcopy_ram) {
+        handler.set_postcopy(&received_, [this] {
+            dispatcher_.post([this] {
+                if (status_ == MigrationStatus::PostcopyRecover) {
+                    set_status(MigrationStatus::PostcopyActive);
+                }
+            });
+        });
+    }
     handler.set_on_listen([this] {
         spdlog::info("incoming migration: postcopy: the device state is in, the rest of RAM "
                      "follows");
@@ -311,7 +377,33 @@ void IncomingMigration::load_thread_main()
             }
         });
     });
-    auto result = qemu_loadvm_state(f, load_cfg_, handler);
+    LoadvmSession session(load_cfg_, handler);
+    auto result = session.load(f);
+    // In postcopy a failure pauses: the guest may run at the source's
+    // destination... and here the stream goes on over a new channel.
+    std::unique_ptr<FdInputStream> rin;
+    std::unique_ptr<QEMUFileReader> rf;
+    while (!result && session.in_postcopy()) {
+        bytes_.fetch_add(rf ? rf->pos() : 0, std::memory_order_relaxed);
+        (void)handler.flush(); // whole pages read so far count as received
+        auto fd = postcopy_pause_incoming(result.error());
+        if (!fd) {
+            result = fd.error();
+            break;
+        }
+        rin = std::make_unique<FdInputStream>(*fd, std::vector<uint8_t>{}, nullptr);
+        rf = std::make_unique<QEMUFileReader>(*rin, 256 * 1024);
+        auto rp = ReturnPathOut::open(*fd, nullptr);
+        if (!rp) {
+            result = rp.error();
+            break;
+        }
+        rp_ = std::move(*rp);
+        result = session.resume(*rf);
+    }
+    if (rf) {
+        bytes_.fetch_add(rf->pos(), std::memory_order_relaxed);
+    }
     // The preempt channel's pages are in once its reader ends (QEMU shuts
     // the channel down at the end of the stream too).
     end_preempt();
@@ -437,6 +529,87 @@ void IncomingMigration::end_preempt()
     if (preempt_fd_ >= 0) {
         ::close(preempt_fd_);
         preempt_fd_ = -1;
+    }
+}
+
+// postcopy_pause_incoming(): the broken channel and its return path go;
+// the pages read so far are in the images and in received_.
+Result<int> IncomingMigration::postcopy_pause_incoming(const Error &why)
+{
+    spdlog::error("incoming migration: Detected IO failure for postcopy. Migration paused: {}",
+                  why.message());
+    rp_.reset();
+    end_preempt();
+    {
+        std::lock_guard<std::mutex> lk(preempt_mu_);
+        preempt_ended_ = false; // the resumed source connects it again
+    }
+    dispatcher_.post([this] {
+        if (status_ == MigrationStatus::PostcopyActive ||
+            status_ == MigrationStatus::PostcopyRecover) {
+            set_status(MigrationStatus::PostcopyPaused);
+        }
+    });
+    std::unique_lock<std::mutex> lk(recover_mu_);
+    recover_cv_.wait(lk, [this] { return recover_fd_ >= 0 || recover_abort_; });
+    if (recover_abort_) {
+        return Error(why).prepend("postcopy given up while paused: ");
+    }
+    int fd = recover_fd_;
+    recover_fd_ = -1;
+    return fd;
+}
+
+bool IncomingMigration::take_recovered(PendingConnection *c)
+{
+    if (status_ != MigrationStatus::PostcopyPaused || !main_) {
+        return false;
+    }
+    auto fd = c->take();
+    if (!fd) {
+        return true;
+    }
+    set_link_timeout(*fd, params_.link_timeout_ms);
+    ::close(main_->fd); // the load thread dropped it when it paused
+    main_->fd = *fd;
+    main_->prefix.clear();
+    main_->tls.reset();
+    set_status(MigrationStatus::PostcopyRecover);
+    spdlog::info("incoming migration: postcopy recovery: new main channel connected");
+    {
+        std::lock_guard<std::mutex> lk(recover_mu_);
+        recover_fd_ = *fd;
+    }
+    recover_cv_.notify_all();
+    return true;
+}
+
+Status IncomingMigration::recover(const MigrationAddress &addr)
+{
+    if (addr.transport != MigrationAddress::Transport::Socket || params_.tls.enabled()) {
+        return Error("qmigd: a postcopy migration recovers over tcp: or unix: without TLS only");
+    }
+    // migration_incoming_transport_cleanup(): the old listener goes.
+    if (listener_) {
+        listener_->close();
+        listener_.reset();
+    }
+    listener_ = std::make_unique<SocketListener>(
+        loop_, 4, [this](PendingConnection *c, const Error *e) { on_prefix(c, e); },
+        stranger_limits());
+    listener_->set_on_accept(
+        [this](PendingConnection *c) { return take_recovered(c) || take_preempt(c); });
+    QMIGD_TRY(listener_->listen(addr.socket));
+    spdlog::info("incoming migration: postcopy recovery: listening on {}",
+                 listener_->address().uri());
+    return {};
+}
+
+void IncomingMigration::pause()
+{
+    spdlog::info("incoming migration: postcopy paused by migrate-pause");
+    if (main_) {
+        shutdown_fd(main_->fd);
     }
 }
 

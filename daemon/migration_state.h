@@ -5,7 +5,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <vector>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -104,6 +107,14 @@ struct MigrationShared {
     // Set by the migration thread as the postcopy package goes: from then
     // on the destination may run the VM, so a failure never resumes it here.
     std::atomic<bool> vm_handed_over{false};
+    // Postcopy recovery: a paused migration thread waits for the channels
+    // of `migrate resume=true`, which the loop hands over here, or for
+    // `abandon` (the daemon quits). pause_error is error-desc meanwhile.
+    std::mutex resume_mu;
+    std::condition_variable resume_cv;
+    std::optional<std::vector<int>> resume_fds; // protected by resume_mu
+    bool abandon = false;                       // protected by resume_mu
+    std::string pause_error;                    // protected by resume_mu
 };
 
 inline int64_t ms_since(std::chrono::steady_clock::time_point t)

@@ -11,6 +11,9 @@ enum class MigrationStatus {
     Active,
     Device,
     PostcopyActive,
+    PostcopyPaused,
+    PostcopyRecoverSetup,
+    PostcopyRecover,
     Completed,
     Failed,
 };
@@ -25,6 +28,9 @@ inline const char *migration_status_name(MigrationStatus s)
     case MigrationStatus::Active: return "active";
     case MigrationStatus::Device: return "device";
     case MigrationStatus::PostcopyActive: return "postcopy-active";
+    case MigrationStatus::PostcopyPaused: return "postcopy-paused";
+    case MigrationStatus::PostcopyRecoverSetup: return "postcopy-recover-setup";
+    case MigrationStatus::PostcopyRecover: return "postcopy-recover";
     case MigrationStatus::Completed: return "completed";
     case MigrationStatus::Failed: return "failed";
     }
@@ -36,14 +42,22 @@ inline bool migration_is_running(MigrationStatus s)
 {
     return s == MigrationStatus::Setup || s == MigrationStatus::Active ||
            s == MigrationStatus::Device || s == MigrationStatus::Cancelling ||
-           s == MigrationStatus::PostcopyActive;
+           s == MigrationStatus::PostcopyActive || s == MigrationStatus::PostcopyPaused ||
+           s == MigrationStatus::PostcopyRecoverSetup || s == MigrationStatus::PostcopyRecover;
 }
 
 // Postcopy has started: the VM runs at the destination, and the source can
 // no longer take it back (QEMU's migration_in_postcopy()).
 inline bool migration_in_postcopy(MigrationStatus s)
 {
-    return s == MigrationStatus::PostcopyActive;
+    return s == MigrationStatus::PostcopyActive || s == MigrationStatus::PostcopyPaused ||
+           s == MigrationStatus::PostcopyRecoverSetup || s == MigrationStatus::PostcopyRecover;
+}
+
+// migrate-pause applies (QEMU's migration_postcopy_is_alive()).
+inline bool migration_postcopy_is_alive(MigrationStatus s)
+{
+    return s == MigrationStatus::PostcopyActive || s == MigrationStatus::PostcopyRecover;
 }
 
 } // namespace qmigd

@@ -12,6 +12,7 @@
 #include "daemon/mapped_ram_save.h"
 #include "daemon/multifd_send.h"
 #include "daemon/page_requests.h"
+#include "daemon/postcopy_recovery.h"
 #include "daemon/ram_save.h"
 #include "daemon/tls/tls_session.h"
 #include "protocol/postcopy.h"
@@ -55,7 +56,9 @@ MigrationThread::MigrationThread(const OutgoingParams &p, std::vector<RAMBlock> 
 MigrationThread::~MigrationThread()
 {
     rp_.reset(); // its reader is joined before the socket it reads goes
-    ::close(main_fd_);
+    if (main_fd_ >= 0) {
+        ::close(main_fd_);
+    }
     if (preempt_fd_ >= 0) {
         // Only now, after the destination's SHUT: it ends its reader itself.
         ::close(preempt_fd_);
@@ -168,8 +171,10 @@ Status MigrationThread::setup()
         savevm_put_ping(w, RP_PING_OPEN);
         if (p_.postcopy_ram) {
             requests_ = std::make_unique<PageRequests>(ram_block_descs(blocks_));
+            recovery_ = std::make_unique<PostcopyRecovery>(ram_block_descs(blocks_));
         }
-        rp_ = std::make_unique<ReturnPathIn>(main_fd_, main_tls_.get(), requests_.get());
+        rp_ = std::make_unique<ReturnPathIn>(main_fd_, main_tls_.get(), requests_.get(),
+                                             recovery_.get());
     }
     if (p_.postcopy_ram) {
         // A destination that cannot do postcopy fails now, not at switchover.
@@ -415,8 +420,7 @@ Status MigrationThread::migrate()
     QMIGD_TRY(iterate());
     if (postcopy_requested()) {
         QMIGD_TRY(postcopy_start());
-        QMIGD_TRY(postcopy_iterate());
-        QMIGD_TRY(postcopy_complete());
+        QMIGD_TRY(postcopy_run());
     } else {
         QMIGD_TRY(complete());
     }

@@ -24,6 +24,7 @@ namespace qmigd {
 class MappedRamSave;
 class MultiFDSend;
 class PageRequests;
+class PostcopyRecovery;
 struct PageChannel;
 class RamSave;
 class TlsSession;
@@ -75,6 +76,12 @@ private:
     bool postcopy_requested() const;
     Status postcopy_start();
     Status preempt_connect();
+    // The postcopy phase to its end, pausing on a failure and going on
+    // once `migrate resume=true` brings new channels.
+    Status postcopy_run();
+    Status postcopy_pause(Error why);
+    Status postcopy_resume(std::vector<int> fds);
+    void drop_channels();
     Status postcopy_iterate();
     Status postcopy_send_part();
     Status serve_page_requests();
@@ -97,6 +104,7 @@ private:
     int main_fd_;
     std::unique_ptr<TlsSession> main_tls_; // with tls-creds, after setup's handshake
     std::unique_ptr<PageRequests> requests_; // with postcopy-ram: from rp_ to us
+    std::unique_ptr<PostcopyRecovery> recovery_; // with postcopy-ram: from rp_ to us
     // With postcopy-preempt, from the switch on: where requested pages go.
     int preempt_fd_ = -1;
     std::unique_ptr<TlsSession> preempt_tls_;

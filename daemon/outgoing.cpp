@@ -222,6 +222,11 @@ void OutgoingMigration::cancel()
         return;
     }
     shared_->cancel_requested = true;
+    {
+        std::lock_guard<std::mutex> lk(shared_->resume_mu);
+        shared_->abandon = true; // a paused postcopy waits for nothing more
+    }
+    shared_->resume_cv.notify_all();
     set_status(MigrationStatus::Cancelling);
     std::lock_guard<std::mutex> lk(fds_mu_);
     for (int fd : fds_) {
@@ -241,6 +246,62 @@ void OutgoingMigration::cancel()
     }
 }
 
+void OutgoingMigration::pause()
+{
+    spdlog::info("migration: postcopy paused by migrate-pause");
+    {
+        std::lock_guard<std::mutex> lk(shared_->resume_mu);
+        shared_->pause_error = "Postcopy migration is paused by the user";
+    }
+    std::lock_guard<std::mutex> lk(fds_mu_);
+    for (int fd : fds_) {
+        shutdown_fd(fd);
+    }
+}
+
+Status OutgoingMigration::resume(const MigrationAddress &addr)
+{
+    if (status_ != MigrationStatus::PostcopyPaused) {
+        return Error("Cannot resume if there is no paused migration");
+    }
+    if (addr.transport != MigrationAddress::Transport::Socket) {
+        return Error("qmigd: a postcopy migration resumes over tcp: or unix: only");
+    }
+    set_status(MigrationStatus::PostcopyRecoverSetup);
+    uint64_t gen = ++generation_;
+    connect_ = SocketConnect::start(loop_, addr.socket, 1, [this, gen](Result<std::vector<int>> fds) {
+        connect_.reset();
+        if (gen != generation_ || status_ != MigrationStatus::PostcopyRecoverSetup) {
+            if (fds) {
+                ::close(fds->front());
+            }
+            return;
+        }
+        if (!fds) {
+            // Never fail a postcopy migration: paused again, for another try.
+            spdlog::error("migration: resume failed: {}", fds.error().message());
+            std::lock_guard<std::mutex> lk(shared_->resume_mu);
+            shared_->pause_error = fds.error().message();
+            set_status(MigrationStatus::PostcopyPaused);
+            return;
+        }
+        set_link_timeout(fds->front(), params_.link_timeout_ms);
+        {
+            std::lock_guard<std::mutex> lk(fds_mu_);
+            fds_ = *fds;
+        }
+        set_status(MigrationStatus::PostcopyRecover);
+        {
+            std::lock_guard<std::mutex> lk(shared_->resume_mu);
+            shared_->resume_fds = std::move(*fds);
+            shared_->pause_error.clear(); // migrate_error_free()
+        }
+        shared_->resume_cv.notify_all();
+    });
+    spdlog::info("migration: resuming the paused postcopy via {}", addr.uri());
+    return {};
+}
+
 nlohmann::json OutgoingMigration::query() const
 {
     using nlohmann::json;
@@ -248,6 +309,11 @@ nlohmann::json OutgoingMigration::query() const
         return json::object();
     }
     json r = {{"status", migration_status_name(status_)}};
+    if (status_ == MigrationStatus::PostcopyPaused ||
+        status_ == MigrationStatus::PostcopyRecoverSetup) {
+        std::lock_guard<std::mutex> lk(shared_->resume_mu);
+        r["error-desc"] = shared_->pause_error;
+    }
     switch (status_) {
     case MigrationStatus::Setup:
     case MigrationStatus::Cancelled:

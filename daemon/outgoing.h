@@ -51,6 +51,12 @@ public:
     // Where fd:NAME URIs get their descriptors (the monitor's table).
     void set_fd_source(FdSource fds) { fd_source_ = std::move(fds); }
     void cancel();
+    // `migrate resume=true` (QEMU's migrate_prepare() with resume): a
+    // paused postcopy goes on over a new connection to addr.
+    Status resume(const MigrationAddress &addr);
+    // migrate-pause in postcopy: the channels are shut down, and the
+    // migration thread pauses as for a broken link.
+    void pause();
     MigrationStatus status() const { return status_; }
     nlohmann::json query() const;
     // Live max-bandwidth changes apply at once, as in QEMU.

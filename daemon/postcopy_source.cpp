@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "daemon/page_requests.h"
+#include "daemon/postcopy_recovery.h"
 #include "daemon/ram_save.h"
 #include "daemon/socket_io.h"
 #include "daemon/tls/tls_session.h"
@@ -176,6 +177,113 @@ Status MigrationThread::postcopy_complete()
     spdlog::info("migration: postcopy sent every page ({} requested by the destination)",
                  requests_->count());
     return {};
+}
+
+// migration_thread() in postcopy: a failed channel (a cut link, a
+// destination that went away, `migrate-pause`) pauses instead of failing,
+// since the VM now runs at the destination; `migrate resume=true` goes on
+// where the destination says it stands. Only the destination's SHUT ends it.
+Status MigrationThread::postcopy_run()
+{
+    for (;;) {
+        Status st = postcopy_iterate();
+        if (st) {
+            st = postcopy_complete();
+        }
+        if (st) {
+            st = rp_->wait();
+        }
+        if (st) {
+            return {};
+        }
+        QMIGD_TRY(postcopy_pause(st.error()));
+    }
+}
+
+// The broken channels are shut down, and closed once new ones replace
+// them (the owner may still name the old main one until then).
+void MigrationThread::drop_channels()
+{
+    shutdown_fd(main_fd_);
+    rp_.reset(); // joins the reader
+    if (preempt_fd_ >= 0) {
+        ::close(preempt_fd_);
+        preempt_fd_ = -1;
+    }
+    preempt_.reset();
+    preempt_out_.reset();
+    preempt_tls_.reset();
+}
+
+// postcopy_pause(): until a resume succeeds, or the daemon gives up.
+Status MigrationThread::postcopy_pause(Error why)
+{
+    for (;;) {
+        spdlog::error("migration: Detected IO failure for postcopy. Migration paused: {}",
+                      why.message());
+        {
+            std::lock_guard<std::mutex> lk(shared_.resume_mu);
+            if (shared_.pause_error.empty()) { // migrate-pause says why first
+                shared_.pause_error = why.message();
+            }
+        }
+        drop_channels();
+        owner_.post_status(MigrationStatus::PostcopyActive, MigrationStatus::PostcopyPaused);
+        owner_.post_status(MigrationStatus::PostcopyRecover, MigrationStatus::PostcopyPaused);
+        std::vector<int> fds;
+        {
+            std::unique_lock<std::mutex> lk(shared_.resume_mu);
+            shared_.resume_cv.wait(lk, [this] { return shared_.abandon || shared_.resume_fds; });
+            if (shared_.abandon) {
+                return why.prepend("postcopy given up while paused: ");
+            }
+            fds = std::move(*shared_.resume_fds);
+            shared_.resume_fds.reset();
+        }
+        Status st = postcopy_resume(std::move(fds));
+        if (st) {
+            owner_.post_status(MigrationStatus::PostcopyRecover, MigrationStatus::PostcopyActive);
+            spdlog::info("migration: postcopy resumed: {} pages still to send",
+                         ram_->dirty_pages());
+            return {};
+        }
+        why = st.error();
+    }
+}
+
+// postcopy_do_resume(): on the new main channel (no header: the stream
+// goes on), the destination's received bitmaps, then POSTCOPY_RESUME and
+// its acknowledgement.
+Status MigrationThread::postcopy_resume(std::vector<int> fds)
+{
+    ::close(main_fd_);
+    main_fd_ = fds[0];
+    main_tls_.reset();
+    out_.reconnect(main_fd_);
+    if (p_.tls.enabled()) {
+        auto t = TlsSession::client(main_fd_, *p_.tls.creds, p_.tls.hostname);
+        QMIGD_TRY(t);
+        main_tls_ = std::move(*t);
+        out_.set_tls(main_tls_.get());
+    }
+    recovery_->begin();
+    rp_ = std::make_unique<ReturnPathIn>(main_fd_, main_tls_.get(), requests_.get(),
+                                         recovery_.get());
+    for (const auto &b : blocks_) {
+        savevm_put_recv_bitmap(out_.w(), b.desc.idstr);
+    }
+    QMIGD_TRY(out_.flush());
+    QMIGD_TRY(recovery_->wait_bitmaps(*rp_));
+    for (size_t i = 0; i < blocks_.size(); i++) {
+        ram_->reload_bitmap(i, recovery_->received(i));
+    }
+    ram_->resume_prepare();
+    if (p_.postcopy_preempt) {
+        QMIGD_TRY(preempt_connect());
+    }
+    savevm_put_command(out_.w(), MIG_CMD_POSTCOPY_RESUME);
+    QMIGD_TRY(out_.flush());
+    return recovery_->wait_ack(*rp_);
 }
 
 }  // namespace qmigd

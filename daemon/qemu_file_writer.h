@@ -23,6 +23,16 @@ public:
     // From now on writes go through this TLS session (the main channel's,
     // after its handshake); it outlives the writer's use.
     void set_tls(TlsSession *tls) { tls_ = tls; }
+    // Postcopy recovery: the stream goes on over a new connection; what
+    // was queued for the broken one, and its error, are dropped (the
+    // destination tells which pages it has). Byte counts go on.
+    void reconnect(int fd)
+    {
+        fd_ = fd;
+        tls_ = nullptr;
+        buf_.clear();
+        err_.reset();
+    }
     // Writes everything queued. Sticky error.
     Status flush();
     // Flushes when enough is queued (call between records).

@@ -227,6 +227,31 @@ Status RamSave::send_range_on(size_t block, uint64_t offset, uint64_t len)
     return {};
 }
 
+void RamSave::reload_bitmap(size_t block, const std::vector<uint64_t> &received)
+{
+    auto &bm = bitmaps_[block];
+    uint64_t pages = blocks_[block].image->pages();
+    for (size_t w = 0; w < bm.size(); w++) {
+        bm[w] = ~(w < received.size() ? received[w] : 0);
+    }
+    if (pages % 64) {
+        bm.back() &= (uint64_t(1) << (pages % 64)) - 1;
+    }
+}
+
+void RamSave::resume_prepare()
+{
+    dirty_pages_ = 0;
+    for (const auto &bm : bitmaps_) {
+        for (uint64_t w : bm) {
+            dirty_pages_ += uint64_t(std::popcount(w));
+        }
+    }
+    cur_block_ = 0;
+    cur_word_ = 0;
+    main_.records.reset();
+}
+
 Status RamSave::write_file_bitmaps()
 {
     if (!file_) {

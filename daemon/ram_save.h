@@ -60,6 +60,12 @@ public:
     Status write_file_bitmaps();
 
     uint64_t dirty_pages() const { return dirty_pages_; }
+    // Postcopy recovery (ram_dirty_bitmap_reload()): every page of block i
+    // the destination does not have is to send again, from the start.
+    void reload_bitmap(size_t block, const std::vector<uint64_t> &received);
+    // After the reloads: recount, restart the walk, and name the block in
+    // the next record (a new channel has no previous block).
+    void resume_prepare();
     // A block's migration bitmap: pages still to send.
     std::span<const uint64_t> bitmap(size_t block) const { return bitmaps_[block]; }
     // Pages and bytes the main thread sent itself (multifd counts its own).

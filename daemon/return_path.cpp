@@ -7,8 +7,10 @@
 #include <spdlog/spdlog.h>
 
 #include "daemon/page_requests.h"
+#include "daemon/postcopy_recovery.h"
 #include "daemon/socket_io.h"
 #include "daemon/thread_name.h"
+#include "protocol/postcopy.h"
 #include "protocol/return_path.h"
 
 namespace qmigd {
@@ -35,6 +37,22 @@ Status ReturnPathOut::pong(uint32_t value)
     return channel_write(fd_, tls_, msg.data(), msg.size());
 }
 
+Status ReturnPathOut::recv_bitmap(const std::string &idstr, const std::vector<uint64_t> &bits,
+                                  uint64_t pages)
+{
+    std::vector<uint8_t> msg;
+    rp_put_recv_bitmap(msg, idstr);
+    rp_put_recv_bitmap_data(msg, bits, pages);
+    return channel_write(fd_, tls_, msg.data(), msg.size());
+}
+
+Status ReturnPathOut::resume_ack()
+{
+    std::vector<uint8_t> msg;
+    rp_put_resume_ack(msg, MIGRATION_RESUME_ACK_VALUE);
+    return channel_write(fd_, tls_, msg.data(), msg.size());
+}
+
 void ReturnPathOut::shut(bool failed)
 {
     std::vector<uint8_t> msg;
@@ -44,8 +62,9 @@ void ReturnPathOut::shut(bool failed)
     }
 }
 
-ReturnPathIn::ReturnPathIn(int fd, TlsSession *tls, PageRequests *requests)
-    : fd_(fd), tls_(tls), requests_(requests)
+ReturnPathIn::ReturnPathIn(int fd, TlsSession *tls, PageRequests *requests,
+                           PostcopyRecovery *recovery)
+    : fd_(fd), tls_(tls), requests_(requests), recovery_(recovery)
 {
     thread_ = std::thread([this] {
         set_thread_name("mig/src/rp");
@@ -130,6 +149,17 @@ Status ReturnPathIn::read_message(bool *shut)
         }
         return requests_->push(m->type == MIG_RP_MSG_REQ_PAGES_ID ? &m->idstr : nullptr,
                                m->start, m->len);
+    case MIG_RP_MSG_RECV_BITMAP:
+        if (!recovery_) {
+            break;
+        }
+        return recovery_->recv_bitmap(
+            m->idstr, [this](uint8_t *p, size_t n) { return read_exact(fd_, tls_, p, n); });
+    case MIG_RP_MSG_RESUME_ACK:
+        if (!recovery_) {
+            break;
+        }
+        return recovery_->resume_ack(m->value);
     default:
         break;
     }

@@ -16,12 +16,14 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "protocol/error.h"
 
 namespace qmigd {
 
 class PageRequests;
+class PostcopyRecovery;
 class TlsSession;
 
 // The return path is the main channel's socket read the other way: a file
@@ -34,6 +36,10 @@ public:
     // `fd` must be a socket (the return path is its other direction).
     static Result<std::unique_ptr<ReturnPathOut>> open(int fd, TlsSession *tls);
     Status pong(uint32_t value);
+    // Postcopy recovery: a block's received bitmap, and RESUME_ACK.
+    Status recv_bitmap(const std::string &idstr, const std::vector<uint64_t> &bits,
+                       uint64_t pages);
+    Status resume_ack();
     // The verdict; a source that is gone already is not an error here.
     void shut(bool failed);
 
@@ -51,8 +57,10 @@ private:
 class ReturnPathIn {
 public:
     // `requests`: where postcopy's page requests go (null: no postcopy,
-    // and a page request is an error).
-    ReturnPathIn(int fd, TlsSession *tls, PageRequests *requests = nullptr);
+    // and a page request is an error); `recovery`: where a resume's
+    // bitmaps and acknowledgement go (null: none expected).
+    ReturnPathIn(int fd, TlsSession *tls, PageRequests *requests = nullptr,
+                 PostcopyRecovery *recovery = nullptr);
     ~ReturnPathIn();
     ReturnPathIn(const ReturnPathIn &) = delete;
     ReturnPathIn &operator=(const ReturnPathIn &) = delete;
@@ -72,6 +80,7 @@ private:
     int fd_;
     TlsSession *tls_;
     PageRequests *const requests_;
+    PostcopyRecovery *const recovery_;
     std::mutex mu_;
     std::condition_variable ended_cv_;
     std::optional<Error> error_; // protected by mu_

@@ -38,14 +38,19 @@ enum class PostcopyState { None = 0, Advise = 1, Discard = 2, Listening = 3, Run
 
 class Loader {
 public:
-    Loader(QEMUFileReader &f, const LoadvmConfig &cfg, LoadvmHandler &h)
-        : f_(&f), cfg_(cfg), h_(h), blocks_(cfg.blocks)
+    // `f` may be null until set_reader().
+    Loader(QEMUFileReader *f, const LoadvmConfig &cfg, LoadvmHandler &h)
+        : f_(f), cfg_(cfg), h_(h), blocks_(cfg.blocks)
     {
     }
 
+    void set_reader(QEMUFileReader *f) { f_ = f; }
     Result<LoadvmResult> run();
+    // After a postcopy pause: the stream goes on on `f` (no header).
+    Result<LoadvmResult> resume(QEMUFileReader &f);
     // RAM records until the end of the stream (postcopy's preempt channel).
     Result<LoadvmResult> run_ram_records();
+    bool in_postcopy() const { return postcopy_ == PostcopyState::Running; }
 
 private:
     Status load_header();
@@ -59,6 +64,9 @@ private:
     Status postcopy_listen();
     Status postcopy_run();
     Status load_packaged();
+    Status load_main();
+    Status recv_bitmap(uint16_t len);
+    Status postcopy_resume();
     Status load_package(QEMUFileReader &package);
     Status park_package(const std::vector<uint8_t> &package);
     Status load_body(const SectionInfo &s, uint8_t type);
@@ -85,6 +93,7 @@ private:
     bool return_path_ = false; // OPEN_RETURN_PATH was read
     PostcopyState postcopy_ = PostcopyState::None;
     bool in_package_ = false; // f_ reads a PACKAGED command's body
+    bool recovering_ = false; // resumed, POSTCOPY_RESUME not yet read
     std::map<uint32_t, SectionInfo> sections_;
     // CONTINUE refers to the block of the previous ZERO/PAGE record, across
     // sections (ram.c keeps it in a static for the same reason).

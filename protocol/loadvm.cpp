@@ -430,13 +430,27 @@ Result<LoadvmResult> Loader::run()
     QMIGD_TRY(load_header());
     QMIGD_TRY(load_configuration());
     h_.loading_started();
+    QMIGD_TRY(load_main());
+    return result_;
+}
+
+Result<LoadvmResult> Loader::resume(QEMUFileReader &f)
+{
+    f_ = &f;
+    recovering_ = true;
+    QMIGD_TRY(load_main());
+    return result_;
+}
+
+// qemu_loadvm_state_main(): sections and commands until EOF.
+Status Loader::load_main()
+{
     for (;;) {
         // Parking: the device state is kept as it comes after RAM, unless
         // a postcopy package brought it already.
         if (int next = f_->peek_byte(); cfg_.park && !result_.postcopy &&
                                         (next == QEMU_VM_SECTION_FULL || next == QEMU_VM_EOF)) {
-            QMIGD_TRY(park_device_state());
-            return result_;
+            return park_device_state();
         }
         uint8_t type = f_->get_byte();
         QMIGD_TRY(stream_status());
@@ -458,7 +472,7 @@ Result<LoadvmResult> Loader::run()
             if (!result_.postcopy) {
                 QMIGD_TRY(skip_vmdesc());
             }
-            return result_;
+            return {};
         default:
             return Error(fmt::format("Unknown savevm section type {}", type));
         }
@@ -477,14 +491,37 @@ Result<LoadvmResult> Loader::run_ram_records()
 Result<LoadvmResult> qemu_loadvm_state(QEMUFileReader &f, const LoadvmConfig &cfg,
                                        LoadvmHandler &handler)
 {
-    Loader loader(f, cfg, handler);
+    Loader loader(&f, cfg, handler);
     return loader.run();
+}
+
+LoadvmSession::LoadvmSession(const LoadvmConfig &cfg, LoadvmHandler &handler)
+    : loader_(std::make_unique<Loader>(nullptr, cfg, handler))
+{
+}
+
+LoadvmSession::~LoadvmSession() = default;
+
+Result<LoadvmResult> LoadvmSession::load(QEMUFileReader &f)
+{
+    loader_->set_reader(&f);
+    return loader_->run();
+}
+
+Result<LoadvmResult> LoadvmSession::resume(QEMUFileReader &f)
+{
+    return loader_->resume(f);
+}
+
+bool LoadvmSession::in_postcopy() const
+{
+    return loader_->in_postcopy();
 }
 
 Result<LoadvmResult> qemu_load_preempt_channel(QEMUFileReader &f, const LoadvmConfig &cfg,
                                                LoadvmHandler &handler)
 {
-    Loader loader(f, cfg, handler);
+    Loader loader(&f, cfg, handler);
     return loader.run_ram_records();
 }
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -79,6 +80,15 @@ public:
     // POSTCOPY_LISTEN: the source has switched over; the device state is
     // in and the rest of RAM follows (for status).
     virtual void postcopy_listening() {}
+    // Postcopy recovery: RECV_BITMAP for a block (checked): send the
+    // received bitmap back on the return path.
+    virtual Status send_recv_bitmap(size_t block)
+    {
+        (void)block;
+        return Error("this destination cannot recover a postcopy migration");
+    }
+    // POSTCOPY_RESUME during a recovery: acknowledge, and go on.
+    virtual Status postcopy_resume() { return Error("no postcopy recovery in progress"); }
     // POSTCOPY_RAM_DISCARD of a range inside a block (checked): pages the
     // source will send again. A destination without a running guest has
     // nothing to drop: the new copy overwrites the stale one.
@@ -107,6 +117,25 @@ struct LoadvmResult {
 // Reads header .. EOF (and the VM description, when present).
 Result<LoadvmResult> qemu_loadvm_state(QEMUFileReader &f, const LoadvmConfig &cfg,
                                        LoadvmHandler &handler);
+
+class Loader;
+
+// The same, for a load that may pause: once postcopy runs, a broken main
+// channel leaves the loader where it stood (QEMU's postcopy_pause_incoming),
+// and resume() goes on with the stream of a new channel, which has no
+// header: RECV_BITMAP commands, POSTCOPY_RESUME, the rest of RAM.
+class LoadvmSession {
+public:
+    LoadvmSession(const LoadvmConfig &cfg, LoadvmHandler &handler);
+    ~LoadvmSession();
+    Result<LoadvmResult> load(QEMUFileReader &f);
+    Result<LoadvmResult> resume(QEMUFileReader &f);
+    // RUN was read: the guest may run elsewhere, so a failure pauses.
+    bool in_postcopy() const;
+
+private:
+    std::unique_ptr<Loader> loader_;
+};
 
 // Postcopy's preempt channel (QEMU's postcopy_preempt_thread()): ZERO and
 // PAGE records of cfg.blocks with no section framing, until the channel

@@ -78,9 +78,13 @@ Status Loader::load_command()
         return postcopy_listen();
     case MIG_CMD_POSTCOPY_RUN:
         return postcopy_run();
+    case MIG_CMD_RECV_BITMAP:
+        return recv_bitmap(len);
+    case MIG_CMD_POSTCOPY_RESUME:
+        return postcopy_resume();
     default:
-        return fail(fmt::format("MIG_CMD 0x{:x} is not supported by qmigd (COLO and postcopy "
-                                "recovery are not implemented)",
+        return fail(fmt::format("MIG_CMD 0x{:x} is not supported by qmigd (COLO is not "
+                                "implemented)",
                                 cmd));
     }
 }
@@ -298,6 +302,39 @@ Status Loader::park_package(const std::vector<uint8_t> &package)
     w.be32(uint32_t(kPackagedVmDescription.size()));
     w.bytes(kPackagedVmDescription.data(), kPackagedVmDescription.size());
     return device_state_check(ds).status();
+}
+
+// loadvm_handle_recv_bitmap(): a resumed source asks which pages of a
+// block we have; the answer goes on the return path.
+Status Loader::recv_bitmap(uint16_t len)
+{
+    std::string name = f_->get_cstr8();
+    QMIGD_TRY(stream_status());
+    if (name.empty()) {
+        return fail("loadvm_handle_recv_bitmap: failed to read block name");
+    }
+    if (len != name.size() + 1) {
+        return fail(fmt::format("loadvm_handle_recv_bitmap: invalid payload length ({})", len));
+    }
+    if (!recovering_) {
+        return fail("MSG_RP_RECV_BITMAP only used for recovery");
+    }
+    for (size_t i = 0; i < blocks_.size(); i++) {
+        if (blocks_[i].idstr == name) {
+            return h_.send_recv_bitmap(i);
+        }
+    }
+    return fail(fmt::format("loadvm_handle_recv_bitmap: block '{}' not found", wire_text(name)));
+}
+
+// loadvm_postcopy_handle_resume(): QEMU ignores one outside a recovery.
+Status Loader::postcopy_resume()
+{
+    if (!recovering_) {
+        return {};
+    }
+    recovering_ = false;
+    return h_.postcopy_resume();
 }
 
 } // namespace qmigd

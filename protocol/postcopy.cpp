@@ -69,4 +69,31 @@ void savevm_put_packaged(ByteWriter &w, std::span<const uint8_t> package)
     w.bytes(package.data(), package.size());
 }
 
+void savevm_put_recv_bitmap(ByteWriter &w, std::string_view idstr)
+{
+    w.u8(QEMU_VM_COMMAND);
+    w.be16(MIG_CMD_RECV_BITMAP);
+    w.be16(uint16_t(1 + idstr.size()));
+    w.cstr8(idstr);
+}
+
+uint64_t recv_bitmap_size(uint64_t pages)
+{
+    return (pages + 63) / 64 * 8;
+}
+
+void rp_put_recv_bitmap_data(std::vector<uint8_t> &out, std::span<const uint64_t> bitmap,
+                             uint64_t pages)
+{
+    ByteWriter w(out);
+    uint64_t size = recv_bitmap_size(pages);
+    w.be64(size);
+    for (uint64_t i = 0; i < size / 8; i++) {
+        uint8_t le[8];
+        put_le64(le, i < bitmap.size() ? bitmap[i] : 0);
+        w.bytes(le, 8);
+    }
+    w.be64(RAMBLOCK_RECV_BITMAP_ENDING);
+}
+
 } // namespace qmigd

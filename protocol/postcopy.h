@@ -43,4 +43,22 @@ void savevm_put_postcopy_ram_discard(ByteWriter &w, std::string_view idstr,
 // PACKAGED: be32 length, then the package itself.
 void savevm_put_packaged(ByteWriter &w, std::span<const uint8_t> package);
 
+// --- recovery (QEMU's postcopy_pause() and postcopy_do_resume()) ---
+// After a broken link the source sends, on the new main channel and with
+// no header, RECV_BITMAP for each block; the destination answers each on
+// the return path with a RECV_BITMAP message and then its received bitmap:
+// be64 size in bytes (the page count / 8, rounded up to 8), the bitmap in
+// little-endian 64-bit words, be64 RAMBLOCK_RECV_BITMAP_ENDING. Then
+// POSTCOPY_RESUME, answered by RESUME_ACK(1), and the stream goes on.
+constexpr uint64_t RAMBLOCK_RECV_BITMAP_ENDING = 0x0123456789abcdefULL;
+constexpr uint32_t MIGRATION_RESUME_ACK_VALUE = 1;
+
+// RECV_BITMAP: u8 length, block name.
+void savevm_put_recv_bitmap(ByteWriter &w, std::string_view idstr);
+// The size field of a block's received bitmap, in bytes.
+uint64_t recv_bitmap_size(uint64_t pages);
+// A received bitmap as the destination sends it (after the message).
+void rp_put_recv_bitmap_data(std::vector<uint8_t> &out, std::span<const uint64_t> bitmap,
+                             uint64_t pages);
+
 } // namespace qmigd

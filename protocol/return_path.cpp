@@ -97,4 +97,17 @@ void rp_put_pong(std::vector<uint8_t> &out, uint32_t value)
     put_message(out, MIG_RP_MSG_PONG, value);
 }
 
+void rp_put_resume_ack(std::vector<uint8_t> &out, uint32_t value)
+{
+    put_message(out, MIG_RP_MSG_RESUME_ACK, value);
+}
+
+void rp_put_recv_bitmap(std::vector<uint8_t> &out, std::string_view idstr)
+{
+    ByteWriter w(out);
+    w.be16(MIG_RP_MSG_RECV_BITMAP);
+    w.be16(uint16_t(1 + idstr.size()));
+    w.cstr8(idstr);
+}
+
 } // namespace qmigd

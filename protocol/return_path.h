@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "protocol/error.h"
@@ -53,5 +54,8 @@ const char *rp_message_name(uint16_t type);
 // Destination side.
 void rp_put_shut(std::vector<uint8_t> &out, uint32_t failed);
 void rp_put_pong(std::vector<uint8_t> &out, uint32_t value);
+void rp_put_resume_ack(std::vector<uint8_t> &out, uint32_t value);
+// The message only; the bitmap follows it (protocol/postcopy.h).
+void rp_put_recv_bitmap(std::vector<uint8_t> &out, std::string_view idstr);
 
 } // namespace qmigd

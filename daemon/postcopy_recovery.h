@@ -1,0 +1,57 @@
+// The source's side of postcopy recovery (QEMU's postcopy_do_resume(),
+// ram_dirty_bitmap_reload() and the RESUME_ACK): after `migrate
+// resume=true` brought a new main channel, the destination says which
+// pages it has, one RECV_BITMAP answer per block, then acknowledges the
+// resume. The return path's reader delivers both; the migration thread
+// waits for them.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "protocol/error.h"
+#include "protocol/qemu_format.h"
+
+namespace qmigd {
+
+class ReturnPathIn;
+
+// Thread ownership: recv_bitmap() and resume_ack() run on the return
+// path's reader, begin() and the waits on the migration thread; the
+// bitmaps and flags are protected by mu_.
+class PostcopyRecovery {
+public:
+    explicit PostcopyRecovery(std::vector<RamBlockDesc> blocks);
+
+    // Migration thread: a resume starts; every block's bitmap is awaited.
+    void begin();
+    // Reader: a RECV_BITMAP message for `idstr`; `read` takes exactly n
+    // bytes more off the return path (the bitmap follows the message).
+    using Read = std::function<Status(uint8_t *, size_t)>;
+    Status recv_bitmap(const std::string &idstr, const Read &read);
+    // Reader: RESUME_ACK.
+    Status resume_ack(uint32_t value);
+    // Migration thread: until every bitmap came, or the return path ended.
+    Status wait_bitmaps(ReturnPathIn &rp);
+    Status wait_ack(ReturnPathIn &rp);
+    // After wait_bitmaps(): which pages of block i the destination has.
+    const std::vector<uint64_t> &received(size_t block) const { return received_[block]; }
+
+private:
+    Status wait(ReturnPathIn &rp, const std::function<bool()> &done);
+
+    const std::vector<RamBlockDesc> blocks_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool active_ = false;                         // protected by mu_
+    std::vector<std::vector<uint64_t>> received_; // protected by mu_ until wait_bitmaps()
+    std::vector<bool> got_;                       // protected by mu_
+    size_t got_count_ = 0;                        // protected by mu_
+    bool acked_ = false;                          // protected by mu_
+};
+
+} // namespace qmigd
