@@ -252,8 +252,8 @@ TEST_CASE("section errors", "[loadvm]")
         size_t cmd = find(s, {0x08, 0, 0x0b, 0, 0});
         s[cmd + 2] = 0x0c;
         CHECK(load_error(s) == "MIG_CMD 0xc unknown (len 0x0)");
-        s[cmd + 2] = 0x09; // POSTCOPY_RESUME
-        CHECK(load_error(s).find("MIG_CMD 0x9 is not supported") == 0);
+        s[cmd + 2] = 0x08; // ENABLE_COLO
+        CHECK(load_error(s).find("MIG_CMD 0x8 is not supported") == 0);
         s[cmd + 2] = 0x07; // PACKAGED, whose length is 4
         CHECK(load_error(s) == "PACKAGED received with bad length - expecting 4, got 0");
         s[cmd + 2] = 0x01; // OPEN_RETURN_PATH, to a handler without one
