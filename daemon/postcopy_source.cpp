@@ -180,7 +180,8 @@ Status MigrationThread::postcopy_complete()
 }
 
 // migration_thread() in postcopy: a failed channel (a cut link, a
-// destination that went away, `migrate-pause`) pauses instead of failing,
+// destination that went away, `migrate-pause`) pauses instead of failing
+// (a destination that sends what it must not, or says it failed, fails it),
 // since the VM now runs at the destination; `migrate resume=true` goes on
 // where the destination says it stands. Only the destination's SHUT ends it.
 Status MigrationThread::postcopy_run()
@@ -195,6 +196,9 @@ Status MigrationThread::postcopy_run()
         }
         if (st) {
             return {};
+        }
+        if (rp_ && rp_->destination_misbehaved()) {
+            return st; // a broken destination, not a broken link: no recovery
         }
         QMIGD_TRY(postcopy_pause(st.error()));
     }

@@ -93,6 +93,12 @@ std::optional<Error> ReturnPathIn::failed_within(std::chrono::milliseconds limit
     return error_;
 }
 
+bool ReturnPathIn::destination_misbehaved()
+{
+    std::lock_guard<std::mutex> lk(mu_);
+    return misbehaved_;
+}
+
 Status ReturnPathIn::wait()
 {
     if (thread_.joinable()) {
@@ -117,14 +123,23 @@ static Status read_exact(int fd, TlsSession *tls, uint8_t *p, size_t n)
     return {};
 }
 
+Status ReturnPathIn::read(uint8_t *p, size_t n)
+{
+    Status st = read_exact(fd_, tls_, p, n);
+    if (!st) {
+        link_failed_ = true;
+    }
+    return st;
+}
+
 Status ReturnPathIn::read_message(bool *shut)
 {
     uint8_t header[RP_HEADER_SIZE];
-    QMIGD_TRY(read_exact(fd_, tls_, header, sizeof(header)));
+    QMIGD_TRY(read(header, sizeof(header)));
     uint16_t type = 0, len = 0;
     QMIGD_TRY(rp_header_decode(header, &type, &len));
     uint8_t payload[RP_MAX_PAYLOAD];
-    if (Status st = read_exact(fd_, tls_, payload, len); !st) {
+    if (Status st = read(payload, len); !st) {
         return Error(fmt::format("Failed reading data for message 0x{:04x}: {}", type,
                                  st.error().message()));
     }
@@ -154,7 +169,7 @@ Status ReturnPathIn::read_message(bool *shut)
             break;
         }
         return recovery_->recv_bitmap(
-            m->idstr, [this](uint8_t *p, size_t n) { return read_exact(fd_, tls_, p, n); });
+            m->idstr, [this](uint8_t *p, size_t n) { return read(p, n); });
     case MIG_RP_MSG_RESUME_ACK:
         if (!recovery_) {
             break;
@@ -180,6 +195,7 @@ void ReturnPathIn::run()
         std::lock_guard<std::mutex> lk(mu_);
         if (!st) {
             error_ = st.error();
+            misbehaved_ = !link_failed_;
         }
         ended_ = true;
     }

@@ -72,10 +72,15 @@ public:
     // Waits for the reader to end (the destination's SHUT, or the socket
     // shut down); its error if there was one.
     Status wait();
+    // The reader ended on what the destination sent (a bad message, a page
+    // request out of bounds, a failure's SHUT), not on a broken link: a
+    // postcopy migration then fails instead of pausing for a recovery.
+    bool destination_misbehaved();
 
 private:
     void run();
     Status read_message(bool *shut);
+    Status read(uint8_t *p, size_t n); // notes a broken link
 
     int fd_;
     TlsSession *tls_;
@@ -85,6 +90,8 @@ private:
     std::condition_variable ended_cv_;
     std::optional<Error> error_; // protected by mu_
     bool ended_ = false;         // protected by mu_
+    bool misbehaved_ = false;    // protected by mu_
+    bool link_failed_ = false;   // reader thread only
     std::thread thread_;
 };
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Postcopy (capability postcopy-ram, with and without postcopy-preempt)
-with QEMU 10 `-M none` guests and qmigd daemons: precopy runs under a max-bandwidth the guest outruns, then
+and its recovery with QEMU 10 `-M none` guests and qmigd daemons: precopy runs under a max-bandwidth the guest outruns, then
 migrate-start-postcopy switches over -- the source discards what is dirty
 again, sends the device state packaged between LISTEN and RUN, and streams
 the rest. Byte-identical QEMU 10 -> qmigd, qmigd -> QEMU 10, qmigd -> qmigd,
@@ -8,7 +8,9 @@ each side's MIGRATION events as QEMU's; a VM parked by postcopy and resumed
 by postcopy, its directory untouched; QEMU's refusals in QEMU's words next
 to a live QEMU 10; and a qmigd source serving a destination's page requests
 before anything else, each page once, and failing with QEMU's words on bad
-ones."""
+ones. Recovery: migrate-pause on either side, migrate-recover on the
+destination and `migrate resume=true` on the source, with QEMU 10 at either
+end and qmigd <-> qmigd, byte-identical, each side's events as QEMU's."""
 import os
 import socket
 import struct
@@ -21,7 +23,7 @@ import time
 from itest import test, main, check
 from fixtures import images, peers, MiB
 from runner import (Peer, Guest, start_incoming, wait_status, files_equal, make_image,
-                    remove, unique_name)
+                    remove, unique_name, free_port)
 
 SIZE = 64 * MiB
 PC = [{"capability": "postcopy-ram", "state": True}, {"capability": "events", "state": True}]
@@ -96,6 +98,59 @@ def cell(src_kind, dst_kind, preempt):
 for preempt in (False, True):
     for src_kind, dst_kind in (("qmigd", "qemu"), ("qemu", "qmigd"), ("qmigd", "qmigd")):
         cell(src_kind, dst_kind, preempt)
+
+
+PAUSED_SRC = ["setup", "active", "device", "postcopy-active", "postcopy-paused",
+              "postcopy-recover-setup", "postcopy-recover", "postcopy-active", "completed"]
+PAUSED_DST = ["setup", "active", "postcopy-active", "postcopy-paused", "postcopy-recover",
+              "postcopy-active", "completed"]
+
+
+def recover(s, d, host="127.0.0.1"):
+    """migrate-recover on the destination, resume on the source; waits for
+    both to complete."""
+    port = free_port()
+    d.qmp.cmd("migrate-recover", uri=f"tcp:{host}:{port}")
+    s.qmp.cmd("migrate", uri=f"tcp:{host}:{port}", resume=True)
+    si = wait_status(s, ("completed",), timeout=60, fail_on=("failed", "cancelled"))
+    wait_status(d, ("completed",), timeout=60, fail_on=("failed", "cancelled"))
+    return si
+
+
+def recovery_cell(src_kind, dst_kind, pauser, preempt=False):
+    def fn():
+        with images(SIZE, "random") as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
+            with_postcopy(s, d, preempt=preempt)
+            s.qmp.cmd("migrate-set-parameters", {"max-bandwidth": 8 * MiB,
+                                                 "max-postcopy-bandwidth": 16 * MiB})
+            port = start_incoming(d)
+            s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+            wait_status(s, ("active",), timeout=10)
+            s.qmp.cmd("migrate-start-postcopy")
+            wait_status(s, ("postcopy-active",), timeout=10)
+            time.sleep(0.5)
+            (s if pauser == "source" else d).qmp.cmd("migrate-pause")
+            si = wait_status(s, ("postcopy-paused",), timeout=30, fail_on=("failed", "completed"))
+            wait_status(d, ("postcopy-paused",), timeout=30, fail_on=("failed", "completed"))
+            check(si.get("error-desc"), si)
+            err = error_of(s, "migrate_cancel")
+            check(err == "Postcopy migration in progress, cannot cancel.", err)
+            si = recover(s, d)
+            check(files_equal(imgs[0][1], imgs[0][2]), "images differ after the recovery")
+            se, de = events(s), events(d)
+            check(se == PAUSED_SRC, f"{src_kind} source events {se}")
+            check(de == PAUSED_DST, f"{dst_kind} destination events {de}")
+            print(f"  {src_kind} -> {dst_kind}, paused on the {pauser}: completed, "
+                  f"{si['ram']['postcopy-bytes'] >> 20} MiB after the switch")
+    fn.__name__ = (f"test_recovery_{src_kind}_to_{dst_kind}_paused_on_{pauser}"
+                   f"{'_preempt' if preempt else ''}")
+    test(fn)
+
+
+for src_kind, dst_kind in (("qmigd", "qemu"), ("qemu", "qmigd"), ("qmigd", "qmigd")):
+    for pauser in ("source", "dest"):
+        recovery_cell(src_kind, dst_kind, pauser, preempt=(src_kind == dst_kind == "qmigd"
+                                                          and pauser == "source"))
 
 
 def snapshot(directory):
@@ -205,6 +260,10 @@ def test_refusals_in_qemus_words():
                         peer.errors.append(error_of(peer, "migrate-start-postcopy"))
                     peer.errors.append(error_of(peer, "migrate-set-capabilities",
                                                 capabilities=caps(multifd=True)))
+                    peer.errors.append(error_of(peer, "migrate-pause"))
+                    peer.errors.append(error_of(peer, "migrate-recover", uri="tcp:127.0.0.1:1"))
+                    peer.errors.append(error_of(peer, "migrate", uri="tcp:127.0.0.1:1",
+                                                resume=True))
                 check(q.errors == m.errors, f"{role}: QEMU {q.errors} qmigd {m.errors}")
                 print(f"  {role}: {m.errors}")
             finally:
