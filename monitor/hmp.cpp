@@ -131,7 +131,11 @@ std::string set_capability(const HmpCall &c)
 
 std::string migrate(const HmpCall &c)
 {
-    std::string out = simple(c, "migrate", {{"uri", c.args[0]}});
+    json args = {{"uri", c.args[0]}};
+    if (c.flags.find('r') != std::string::npos) {
+        args["resume"] = true;
+    }
+    std::string out = simple(c, "migrate", args);
     if (!out.empty() || c.flags.find('d') != std::string::npos) {
         return out;
     }
@@ -182,6 +186,10 @@ const HmpCommand kCommands[] = {
      [](const HmpCall &c) { return simple(c, "migrate_cancel"); }},
     {"migrate_incoming", "uri", "Continue an incoming migration from an -incoming defer", "", 1,
      false, [](const HmpCall &c) { return simple(c, "migrate-incoming", {{"uri", c.args[0]}}); }},
+    {"migrate_pause", "", "Pause an ongoing migration (postcopy-only)", "", 0, false,
+     [](const HmpCall &c) { return simple(c, "migrate-pause"); }},
+    {"migrate_recover", "uri", "Continue a paused incoming postcopy migration", "", 1, false,
+     [](const HmpCall &c) { return simple(c, "migrate-recover", {{"uri", c.args[0]}}); }},
     {"migrate_set_capability", "capability state",
      "Enable/Disable the usage of a capability for migration", "", 1, true, set_capability},
     {"migrate_set_parameter", "parameter value", "Set the parameter for migration", "", 2, false,

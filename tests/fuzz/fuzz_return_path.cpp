@@ -2,11 +2,13 @@
 // a qmigd source reads it (header, then a payload of the length the header
 // allows). A message that decodes has a known type, and names of no more
 // bytes than the message carried; a page request that the queue takes
-// lies inside its block.
+// lies inside its block; a recovery's received bitmap (read from the bytes
+// after its message) has no bit past its block's end.
 #include <cstdint>
 #include <cstring>
 
 #include "daemon/page_requests.h"
+#include "daemon/postcopy_recovery.h"
 #include "protocol/return_path.h"
 
 using namespace qmigd;
@@ -15,6 +17,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const std::vector<RamBlockDesc> blocks = {{"mem", 1 << 20}, {"vga", 3 * TARGET_PAGE_SIZE}};
     PageRequests requests(blocks);
+    PostcopyRecovery recovery(blocks);
+    recovery.begin();
     while (size >= RP_HEADER_SIZE) {
         uint16_t type = 0, len = 0;
         if (!rp_header_decode(data, &type, &len).ok()) {
@@ -49,6 +53,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         data += len;
         size -= len;
+        if (m.ok() && type == MIG_RP_MSG_RECV_BITMAP) {
+            auto read = [&](uint8_t *p, size_t n) -> Status {
+                if (n > size) {
+                    return Error("the return path ended");
+                }
+                std::memcpy(p, data, n);
+                data += n;
+                size -= n;
+                return {};
+            };
+            if (!recovery.recv_bitmap(m->idstr, read).ok()) {
+                return 0;
+            }
+            for (size_t i = 0; i < blocks.size(); i++) {
+                uint64_t pages = blocks[i].used_length / TARGET_PAGE_SIZE;
+                const auto &bits = recovery.received(i);
+                if (!bits.empty() && (bits.size() != (pages + 63) / 64 ||
+                                      (pages % 64 && bits.back() >> (pages % 64)))) {
+                    __builtin_trap();
+                }
+            }
+        }
+        if (m.ok() && type == MIG_RP_MSG_RESUME_ACK) {
+            (void)recovery.resume_ack(m->value);
+            recovery.begin();
+        }
     }
     return 0;
 }

@@ -8,6 +8,8 @@
 #include <random>
 
 #include "daemon/page_requests.h"
+#include "daemon/postcopy_recovery.h"
+#include "ramstate/received_bitmap.h"
 #include "protocol/device_state.h"
 #include "protocol/loadvm.h"
 #include "protocol/postcopy.h"
@@ -428,4 +430,129 @@ TEST_CASE("page requests are checked in QEMU's words and queued in order", "[pos
     }
     CHECK(q.push(&ram, 0, 4096).error().message() ==
           "return path: more than 65536 page requests pending");
+}
+
+TEST_CASE("a received bitmap travels as QEMU sends it and is read back", "[postcopy][recovery]")
+{
+    const uint64_t pages = 130; // three words, the last one partial
+    ReceivedBitmap r(pages);
+    r.set(0, 70);
+    r.clear(3, 2);
+    r.set(129, 5); // clipped at the block's end
+    auto bits = r.snapshot();
+    REQUIRE(bits.size() == 3);
+    CHECK(bits[0] == (~uint64_t(0) & ~(uint64_t(3) << 3)));
+    CHECK(bits[1] == 0x3f);
+    CHECK(bits[2] == 2);
+    std::vector<uint8_t> wire;
+    rp_put_recv_bitmap_data(wire, bits, pages);
+    REQUIRE(wire.size() == 8 + 24 + 8);
+    CHECK(get_be64(wire.data()) == 24);
+    CHECK(get_le64(wire.data() + 8 + 8) == 0x3f);
+    CHECK(get_be64(wire.data() + 32) == RAMBLOCK_RECV_BITMAP_ENDING);
+
+    PostcopyRecovery rec({{"mem", pages * TARGET_PAGE_SIZE}});
+    size_t at = 0;
+    auto reader = [&](const std::vector<uint8_t> &bytes) {
+        at = 0;
+        return [&, bytes](uint8_t *p, size_t n) -> Status {
+            if (at + n > bytes.size()) {
+                return Error("cut short");
+            }
+            std::memcpy(p, bytes.data() + at, n);
+            at += n;
+            return {};
+        };
+    };
+    CHECK(rec.recv_bitmap("mem", reader(wire)).error().message() ==
+          "Reload bitmap in incorrect state postcopy-active");
+    rec.begin();
+    CHECK(rec.recv_bitmap("nope", reader(wire)).error().message() ==
+          "MIG_RP_MSG_RECV_BITMAP has invalid block name 'nope'");
+    auto bad = wire;
+    put_be64(bad.data(), 16);
+    CHECK(rec.recv_bitmap("mem", reader(bad)).error().message() ==
+          "ramblock 'mem' bitmap size mismatch (0x10 != 0x18)");
+    bad = wire;
+    bad.back() ^= 1;
+    CHECK(rec.recv_bitmap("mem", reader(bad)).error().message() ==
+          "ramblock 'mem' end mark incorrect: 0x123456789abcdee");
+    bad = wire;
+    put_le64(bad.data() + 8 + 16, ~uint64_t(0)); // bits past the end are dropped
+    REQUIRE(rec.recv_bitmap("mem", reader(bad)).ok());
+    CHECK(rec.received(0)[2] == 3);
+    CHECK(rec.resume_ack(2).error().message() == "illegal resume_ack value 2");
+    REQUIRE(rec.resume_ack(1).ok());
+    CHECK(rec.resume_ack(1).error().message() == "RESUME_ACK outside a postcopy recovery");
+}
+
+TEST_CASE("a resumed stream: RECV_BITMAP and POSTCOPY_RESUME, in QEMU's words", "[postcopy][recovery]")
+{
+    struct Recovering : PostcopyRam {
+        std::vector<size_t> asked;
+        int resumed = 0;
+        Status send_recv_bitmap(size_t block) override
+        {
+            asked.push_back(block);
+            return {};
+        }
+        Status postcopy_resume() override
+        {
+            resumed++;
+            return {};
+        }
+    };
+    // The stream up to the package, cut there: the loader is in postcopy.
+    auto whole = postcopy_stream();
+    size_t cut = find(whole, {QEMU_VM_COMMAND, 0, MIG_CMD_PING, 0, 4, 0, 0, 0, POSTCOPY_PING_RUNNING});
+    std::vector<uint8_t> first(whole.begin(), whole.begin() + long(cut));
+    std::vector<uint8_t> rest;
+    ByteWriter w(rest);
+    savevm_put_recv_bitmap(w, "mem");
+    savevm_put_command(w, MIG_CMD_POSTCOPY_RESUME);
+    rest.insert(rest.end(), whole.begin() + long(cut), whole.end());
+
+    Recovering ram;
+    LoadvmSession session(postcopy_config(), ram);
+    MemoryInputStream in1(first.data(), first.size());
+    QEMUFileReader f1(in1, 64);
+    auto r1 = session.load(f1);
+    REQUIRE_FALSE(r1.ok());
+    INFO(r1.error().message());
+    REQUIRE(session.in_postcopy());
+    MemoryInputStream in2(rest.data(), rest.size());
+    QEMUFileReader f2(in2, 64);
+    auto r = session.resume(f2);
+    REQUIRE(r.ok());
+    CHECK(ram.asked == std::vector<size_t>{0});
+    CHECK(ram.resumed == 1);
+    CHECK(ram.ram[TARGET_PAGE_SIZE] == 0x22);
+
+    auto resumed_error = [&](const std::vector<uint8_t> &bytes) {
+        Recovering other;
+        LoadvmSession sess(postcopy_config(), other);
+        MemoryInputStream a(first.data(), first.size());
+        QEMUFileReader fa(a, 64);
+        REQUIRE_FALSE(sess.load(fa).ok());
+        MemoryInputStream b(bytes.data(), bytes.size());
+        QEMUFileReader fb(b, 64);
+        auto res = sess.resume(fb);
+        REQUIRE_FALSE(res.ok());
+        return res.error().message();
+    };
+    CHECK(resumed_error(command(MIG_CMD_RECV_BITMAP, {3, 'n', 'o', 'p'})) ==
+          "loadvm_handle_recv_bitmap: block 'nop' not found");
+    CHECK(resumed_error(command(MIG_CMD_RECV_BITMAP, {3, 'm', 'e', 'm', 0})) ==
+          "loadvm_handle_recv_bitmap: invalid payload length (5)");
+    // Outside a recovery RECV_BITMAP is refused, POSTCOPY_RESUME ignored.
+    auto early = postcopy_stream();
+    size_t at = find(early, {QEMU_VM_SECTION_START, 0, 0, 0, 1});
+    auto cmd = command(MIG_CMD_RECV_BITMAP, {3, 'm', 'e', 'm'});
+    early.insert(early.begin() + long(at), cmd.begin(), cmd.end());
+    CHECK(load_error(early) == "MSG_RP_RECV_BITMAP only used for recovery");
+    auto ignored = postcopy_stream();
+    cmd = command(MIG_CMD_POSTCOPY_RESUME, {});
+    ignored.insert(ignored.begin() + long(at), cmd.begin(), cmd.end());
+    PostcopyRam plain;
+    CHECK(load(ignored, plain, postcopy_config()).ok());
 }
