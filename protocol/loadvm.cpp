@@ -496,7 +496,7 @@ Result<LoadvmResult> qemu_loadvm_state(QEMUFileReader &f, const LoadvmConfig &cf
 }
 
 LoadvmSession::LoadvmSession(const LoadvmConfig &cfg, LoadvmHandler &handler)
-    : loader_(std::make_unique<Loader>(nullptr, cfg, handler))
+    : cfg_(cfg), loader_(std::make_unique<Loader>(nullptr, cfg_, handler))
 {
 }
 

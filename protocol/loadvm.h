@@ -134,6 +134,7 @@ public:
     bool in_postcopy() const;
 
 private:
+    const LoadvmConfig cfg_; // the loader refers to it: a copy lives as long
     std::unique_ptr<Loader> loader_;
 };
 
