@@ -178,14 +178,14 @@ Status MigrationThread::setup()
     }
     if (p_.postcopy_ram) {
         // A destination that cannot do postcopy fails now, not at switchover.
-        savevm_put_postcopy_advise(w, TARGET_PAGE_SIZE);
+        savevm_put_postcopy_advise(w, ram_->pagesize_summary());
     }
     // The first bytes leave at once: a QEMU destination's main loop stalls
     // peeking at a connection until 4 bytes are there (wire-format 7.1).
     QMIGD_TRY(out_.flush());
     savevm_put_section_header(w, QEMU_VM_SECTION_START, ram_section_id(), "ram", 0,
                               RAM_SECTION_VERSION);
-    QMIGD_TRY(ram_->put_ram_layout());
+    QMIGD_TRY(ram_->put_ram_layout(p_.postcopy_ram));
     // Dirty sync 1: every page is to be sent; what the guest marked so far is
     // already covered, so the shared bitmaps start clean.
     ram_->mark_all_dirty();

@@ -79,6 +79,7 @@ Status MigrationThread::postcopy_start()
     // ram_postcopy_send_discard_bitmap(): the last sync, then every page
     // still to send is discarded at the destination.
     dirty_sync();
+    ram_->postcopy_chunk_host_pages();
     uint64_t discarded = 0;
     for (size_t i = 0; i < blocks_.size(); i++) {
         DiscardRanges ranges =

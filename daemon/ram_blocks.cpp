@@ -86,7 +86,10 @@ Result<RAMBlock> ram_block_open(const RamBlockSpec &spec, bool with_dirty_bitmap
     auto img = RamImage::open(spec.path, spec.size, spec.open);
     QMIGD_TRY(img);
     b.image = std::move(*img);
-    b.desc = RamBlockDesc{spec.name, b.image->size()};
+    const Backing &backing = b.image->backing();
+    b.desc = RamBlockDesc{spec.name, b.image->size(),
+                          backing.kind == BackingKind::Hugetlbfs ? backing.page_size
+                                                                 : TARGET_PAGE_SIZE};
     bool read_only = spec.open == ImageOpen::ReadOnly;
     // Measuring needs a scratch file beside the image: not in a parked VM's
     // directory. A parked image on 4 KiB tmpfs is measured in /dev/shm (the

@@ -22,11 +22,11 @@ RamSave::RamSave(std::vector<RAMBlock> &blocks, ZeroPageDetection zpd, QEMUFileW
 // The MEM_SIZE record. With mapped-ram each block entry is followed by its
 // header, and the stream skips the block's pages region: it goes on at
 // pages_offset + used_length (mapped_ram_setup_ramblock()).
-Status RamSave::put_ram_layout()
+Status RamSave::put_ram_layout(bool postcopy_ram)
 {
     ByteWriter &w = out_.w();
     if (!file_) {
-        ram_put_mem_size(w, descs_);
+        ram_put_mem_size(w, descs_, postcopy_ram);
         return {};
     }
     ram_put_mem_size_word(w, descs_);
@@ -39,6 +39,41 @@ Status RamSave::put_ram_layout()
         QMIGD_TRY(out_.seek(h.pages_offset + descs_[i].used_length));
     }
     return {};
+}
+
+uint64_t RamSave::pagesize_summary() const
+{
+    uint64_t summary = 0;
+    for (const auto &d : descs_) {
+        summary |= d.page_size;
+    }
+    return summary;
+}
+
+// Bitmap words per page of the block (1 for 4 KiB pages).
+static size_t words_per_host_page(const RamBlockDesc &d)
+{
+    return std::max<size_t>(1, d.page_size / TARGET_PAGE_SIZE / 64);
+}
+
+void RamSave::postcopy_chunk_host_pages()
+{
+    for (size_t i = 0; i < blocks_.size(); i++) {
+        size_t k = words_per_host_page(descs_[i]);
+        if (k == 1) {
+            continue;
+        }
+        auto &bm = bitmaps_[i];
+        for (size_t w = 0; w + k <= bm.size(); w += k) {
+            if (std::any_of(bm.begin() + long(w), bm.begin() + long(w + k),
+                            [](uint64_t x) { return x != 0; })) {
+                for (size_t j = w; j < w + k; j++) {
+                    dirty_pages_ += uint64_t(64 - std::popcount(bm[j]));
+                    bm[j] = ~uint64_t(0);
+                }
+            }
+        }
+    }
 }
 
 void RamSave::mark_all_dirty()
@@ -182,7 +217,10 @@ Status RamSave::send_dirty(bool until_done, bool *round_done,
             bm[cur_word_] = 0;
             dirty_pages_ -= uint64_t(std::popcount(bits));
             QMIGD_TRY(send_word(cur_block_, cur_word_, bits));
-            if (!until_done && should_yield()) {
+            // A slice ends between huge pages only: postcopy sends each one
+            // whole before anything else.
+            bool page_end = (cur_word_ + 1) % words_per_host_page(descs_[cur_block_]) == 0;
+            if (!until_done && page_end && should_yield()) {
                 cur_word_++;
                 return {};
             }
@@ -207,8 +245,12 @@ Status RamSave::send_range(size_t block, uint64_t offset, uint64_t len, PageChan
 Status RamSave::send_range_on(size_t block, uint64_t offset, uint64_t len)
 {
     auto &bm = bitmaps_[block];
-    uint64_t first = offset >> TARGET_PAGE_BITS;
-    uint64_t end = std::min<uint64_t>((offset + len) >> TARGET_PAGE_BITS, blocks_[block].image->pages());
+    // Whole pages of the block's size, however the request was cut.
+    const uint64_t hp = descs_[block].page_size;
+    uint64_t start = offset / hp * hp;
+    uint64_t stop = (offset + len + hp - 1) / hp * hp;
+    uint64_t first = start >> TARGET_PAGE_BITS;
+    uint64_t end = std::min<uint64_t>(stop >> TARGET_PAGE_BITS, blocks_[block].image->pages());
     for (uint64_t p = first; p < end;) {
         size_t word = p / 64;
         uint64_t mask = ~uint64_t(0) << (p % 64);

@@ -37,8 +37,14 @@ public:
             int main_fd, MultiFDSend *multifd, MappedRamSave *file);
 
     // The MEM_SIZE record of the setup section, with each block's mapped-ram
-    // header when there is one.
-    Status put_ram_layout();
+    // header when there is one (and, with postcopy-ram, its page size
+    // where that is not 4096).
+    Status put_ram_layout(bool postcopy_ram);
+    // QEMU's ram_pagesize_summary(): every block's page size, ORed.
+    uint64_t pagesize_summary() const;
+    // postcopy_chunk_hostpages(): a huge page partly still to send is to
+    // send whole (postcopy places whole pages at the destination).
+    void postcopy_chunk_host_pages();
     // Dirty sync 1: every page is to be sent.
     void mark_all_dirty();
     // Moves every bit the guest set since the last sync into the migration

@@ -314,6 +314,16 @@ Status Loader::ram_load_mem_size(uint64_t total)
             return fail(fmt::format("Size mismatch: {}: 0x{:x} != 0x{:x}: Invalid argument",
                                     wire_text(idstr), length, it->used_length));
         }
+        // For postcopy the page sizes must match (ram_load_precopy()).
+        if (postcopy_ != PostcopyState::None && cfg_.postcopy_ram &&
+            it->page_size != TARGET_PAGE_SIZE) {
+            uint64_t remote = f_->get_be64();
+            QMIGD_TRY(stream_status());
+            if (remote != it->page_size) {
+                return fail(fmt::format("Mismatched RAM page size {} (local) {} != {}",
+                                        wire_text(idstr), it->page_size, remote));
+            }
+        }
         if (length > total) {
             return fail(fmt::format("RAM block list exceeds the announced total by 0x{:x}",
                                     length - total));

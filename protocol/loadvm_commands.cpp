@@ -90,10 +90,10 @@ Status Loader::load_command()
 }
 
 // loadvm_postcopy_handle_advise(). A qmigd destination writes pages with
-// plain stores, so any host page size would do; but a block whose size
-// differs from the source's host page carries an extra field in the RAM
-// list that only the block's own page size announces. With 4 KiB pages
-// everywhere there is none.
+// plain stores, so any page size would do; but a block whose page size is
+// not 4096 carries it in the RAM list, which only the block's own page
+// size announces: the summaries must match, as in QEMU. A parked VM's
+// blocks come from the stream, their page sizes unknown: 4 KiB only.
 Status Loader::postcopy_advise(uint16_t len)
 {
     if (postcopy_ != PostcopyState::None) {
@@ -116,9 +116,13 @@ Status Loader::postcopy_advise(uint16_t len)
     uint64_t summary = f_->get_be64();
     uint64_t tps = f_->get_be64();
     QMIGD_TRY(stream_status());
-    if (summary != TARGET_PAGE_SIZE) {
+    uint64_t local = cfg_.park ? TARGET_PAGE_SIZE : 0;
+    for (const auto &b : blocks_) {
+        local |= b.page_size;
+    }
+    if (summary != local) {
         return fail(fmt::format("Postcopy needs matching RAM page sizes (s={:x} d={:x})", summary,
-                                TARGET_PAGE_SIZE));
+                                local));
     }
     if (tps != TARGET_PAGE_SIZE) {
         return fail(fmt::format("Postcopy needs matching target page sizes (s={} d={})",

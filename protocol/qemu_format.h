@@ -111,6 +111,10 @@ bool uuid_parse(const std::string &text, Uuid *out);
 struct RamBlockDesc {
     std::string idstr;
     uint64_t used_length = 0;
+    // QEMU's block->page_size: the huge page size on hugetlbfs, else the
+    // host page. Postcopy places and sends whole pages of this size, and
+    // with postcopy-ram the RAM list carries it where it is not 4096.
+    uint64_t page_size = TARGET_PAGE_SIZE;
 };
 
 } // namespace qmigd

@@ -130,17 +130,20 @@ void ram_put_mem_size_word(ByteWriter &w, std::span<const RamBlockDesc> blocks)
     w.be64(total | RAM_SAVE_FLAG_MEM_SIZE);
 }
 
-void ram_put_block_entry(ByteWriter &w, const RamBlockDesc &block)
+void ram_put_block_entry(ByteWriter &w, const RamBlockDesc &block, bool postcopy_ram)
 {
     w.cstr8(block.idstr);
     w.be64(block.used_length);
+    if (postcopy_ram && block.page_size != TARGET_PAGE_SIZE) {
+        w.be64(block.page_size);
+    }
 }
 
-void ram_put_mem_size(ByteWriter &w, std::span<const RamBlockDesc> blocks)
+void ram_put_mem_size(ByteWriter &w, std::span<const RamBlockDesc> blocks, bool postcopy_ram)
 {
     ram_put_mem_size_word(w, blocks);
     for (const auto &b : blocks) {
-        ram_put_block_entry(w, b);
+        ram_put_block_entry(w, b, postcopy_ram);
     }
 }
 

@@ -330,7 +330,10 @@ class Guest:
     """A `qmigd guest` workload dirtying a RAM image (ended by pid)."""
 
     def __init__(self, image, rate, pattern="hot", hot_set=64 << 20, seed=1, name="mem"):
+        # Beside the image, except on hugetlbfs (qmigd's side-file rule).
         self.control = image + ".ctl"
+        if fs_type(image) == "hugetlbfs":
+            self.control = "/dev/shm/qmigd" + os.path.abspath(image).replace("/", "_") + ".ctl"
         self.log_path = log_file(unique_name('guest'))
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
@@ -340,6 +343,7 @@ class Guest:
         deadline = time.monotonic() + 10
         while self.pages_written() == 0:
             if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.stop()
                 raise RuntimeError(f"guest did not start; log {self.log_path}")
             time.sleep(0.01)
 
