@@ -57,8 +57,8 @@ bool QEMUFileReader::fill(size_t need)
 void QEMUFileReader::get_buffer(void *dst, size_t n)
 {
     auto *out = static_cast<uint8_t *>(dst);
-    if (err_) {
-        return;
+    if (err_ || n == 0) {
+        return; // an empty buffer's data() may be null: nothing to copy
     }
     if (n <= cap_ / 4 && tail_ - head_ < n) {
         fill(n); // small: through the buffer, one large read

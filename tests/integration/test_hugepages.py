@@ -28,13 +28,19 @@ def on(kind):
         skip(f"{kind} unavailable here: {why}")
 
 
+def image_pair(d, size):
+    """A mixed source image and a destination path in d."""
+    src_img = os.path.join(d, unique_name("src") + ".ram")
+    dst_img = os.path.join(d, unique_name("dst") + ".ram")
+    make_image(src_img, size, "mixed")
+    return src_img, dst_img
+
+
 def cell(kind, src_kind, dst_kind, multifd, zpd, page_path="auto", dest="fresh"):
     def fn():
         size = SIZES[kind]
         with on(kind) as d:
-            src_img = os.path.join(d, unique_name("src") + ".ram")
-            dst_img = os.path.join(d, unique_name("dst") + ".ram")
-            make_image(src_img, size, "mixed")
+            src_img, dst_img = image_pair(d, size)
             if dest == "garbage":
                 make_image(dst_img, size, "garbage")
             extra = ["--page-path", page_path]
@@ -78,9 +84,7 @@ def postcopy_cell(kind, src_kind, dst_kind):
     def fn():
         size = SIZES[kind]
         with on(kind) as d:
-            src_img = os.path.join(d, unique_name("src") + ".ram")
-            dst_img = os.path.join(d, unique_name("dst") + ".ram")
-            make_image(src_img, size, "mixed")
+            src_img, dst_img = image_pair(d, size)
             src = dst = None
             try:
                 src = Peer(src_kind, "source", [("mem", src_img, size)], "hp-src")

@@ -117,17 +117,23 @@ def recover(s, d, host="127.0.0.1"):
     return si
 
 
+def into_postcopy(s, d, bandwidth, postcopy_bandwidth, preempt=False):
+    """A migration under `bandwidth`, switched to postcopy (limited to
+    `postcopy_bandwidth`) as soon as it is active; returns once it is."""
+    with_postcopy(s, d, preempt=preempt)
+    s.qmp.cmd("migrate-set-parameters", {"max-bandwidth": bandwidth,
+                                         "max-postcopy-bandwidth": postcopy_bandwidth})
+    port = start_incoming(d)
+    s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+    wait_status(s, ("active",), timeout=10)
+    s.qmp.cmd("migrate-start-postcopy")
+    wait_status(s, ("postcopy-active",), timeout=10)
+
+
 def recovery_cell(src_kind, dst_kind, pauser, preempt=False):
     def fn():
         with images(SIZE, "random") as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
-            with_postcopy(s, d, preempt=preempt)
-            s.qmp.cmd("migrate-set-parameters", {"max-bandwidth": 8 * MiB,
-                                                 "max-postcopy-bandwidth": 16 * MiB})
-            port = start_incoming(d)
-            s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
-            wait_status(s, ("active",), timeout=10)
-            s.qmp.cmd("migrate-start-postcopy")
-            wait_status(s, ("postcopy-active",), timeout=10)
+            into_postcopy(s, d, 8 * MiB, 16 * MiB, preempt)
             time.sleep(0.5)
             (s if pauser == "source" else d).qmp.cmd("migrate-pause")
             si = wait_status(s, ("postcopy-paused",), timeout=30, fail_on=("failed", "completed"))
@@ -278,14 +284,7 @@ def test_cancel_refused_once_postcopy_runs():
     completes byte-identical."""
     for src_kind in ("qemu", "qmigd"):
         with images(SIZE, "mixed") as imgs, peers(src_kind, "qmigd", imgs) as (s, d):
-            with_postcopy(s, d)
-            s.qmp.cmd("migrate-set-parameters", {"max-bandwidth": 4 * MiB,
-                                                 "max-postcopy-bandwidth": 16 * MiB})
-            port = start_incoming(d)
-            s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
-            wait_status(s, ("active",), timeout=10)
-            s.qmp.cmd("migrate-start-postcopy")
-            wait_status(s, ("postcopy-active",), timeout=10)
+            into_postcopy(s, d, 4 * MiB, 16 * MiB)
             err = error_of(s, "migrate_cancel")
             check(err == "Postcopy migration in progress, cannot cancel.", err)
             si = wait_status(s, ("completed",), timeout=60)

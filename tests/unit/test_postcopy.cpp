@@ -374,6 +374,8 @@ TEST_CASE("packages that are too big, cut, nested or never RUN are refused", "[p
         put_be32(&s[at + 5], uint32_t(pkg.size()));
         CHECK(load_error(s).find("CMD_PACKAGED: Buffer receive fail: ") == 0);
     }
+    CHECK(load_error(postcopy_stream({})) ==
+          "CMD_PACKAGED: the package ended before POSTCOPY_RUN"); // an empty one
     auto no_run = pkg;
     no_run.resize(pkg.size() - 5);
     CHECK(load_error(postcopy_stream(no_run)) ==
