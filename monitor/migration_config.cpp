@@ -237,6 +237,13 @@ std::optional<QmpError> MigrationConfig::set_capabilities(const json &args)
                             "Parameter 'capability' does not accept value '" + name + "'"};
         }
         bool state = item["state"];
+        if (state && name == "release-ram") {
+            // QEMU frees the source's copy of a page once postcopy sent it.
+            return QmpError{"GenericError",
+                            "Capability 'release-ram' is not supported by qmigd: the source "
+                            "keeps every page until the destination has it all (a parked VM's "
+                            "directory stays untouched, and a paused postcopy resends from it)"};
+        }
         if (state && std::find(kImplementedCaps.begin(), kImplementedCaps.end(), name) ==
                          kImplementedCaps.end()) {
             return QmpError{"GenericError",

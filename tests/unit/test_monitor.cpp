@@ -116,6 +116,15 @@ TEST_CASE("capabilities: QEMU's list; unimplemented ones refused", "[monitor]")
     e = set(json::array({{{"capability", "xbzrle"}, {"state", true}}}));
     REQUIRE(e);
     CHECK(e->desc == "Capability 'xbzrle' is not supported by qmigd");
+    e = set(json::array({{{"capability", "release-ram"}, {"state", true}}}));
+    REQUIRE(e);
+    CHECK(e->desc.find("Capability 'release-ram' is not supported by qmigd: the source keeps") ==
+          0);
+    // multifd is on from above: postcopy-ram next to it is refused in QEMU's words.
+    e = set(json::array({{{"capability", "postcopy-ram"}, {"state", true}}}));
+    REQUIRE(e);
+    CHECK(e->desc == "Postcopy is not yet compatible with multifd");
+    CHECK_FALSE(c.capability("postcopy-ram"));
     e = c.set_capabilities({{"capabilities", 5}});
     REQUIRE(e);
     CHECK(e->desc == "Invalid parameter type for 'capabilities', expected: array");
