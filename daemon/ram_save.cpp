@@ -209,6 +209,9 @@ Status RamSave::send_dirty(bool until_done, bool *round_done,
     *round_done = false;
     while (cur_block_ < blocks_.size()) {
         auto &bm = bitmaps_[cur_block_];
+        // A slice ends between huge pages only: postcopy sends each one
+        // whole before anything else.
+        const size_t page_words = words_per_host_page(descs_[cur_block_]);
         for (; cur_word_ < bm.size(); cur_word_++) {
             uint64_t bits = bm[cur_word_];
             if (bits == 0) {
@@ -217,9 +220,7 @@ Status RamSave::send_dirty(bool until_done, bool *round_done,
             bm[cur_word_] = 0;
             dirty_pages_ -= uint64_t(std::popcount(bits));
             QMIGD_TRY(send_word(cur_block_, cur_word_, bits));
-            // A slice ends between huge pages only: postcopy sends each one
-            // whole before anything else.
-            bool page_end = (cur_word_ + 1) % words_per_host_page(descs_[cur_block_]) == 0;
+            bool page_end = (cur_word_ + 1) % page_words == 0;
             if (!until_done && page_end && should_yield()) {
                 cur_word_++;
                 return {};
