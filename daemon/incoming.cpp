@@ -207,9 +207,15 @@ void IncomingMigration::maybe_start()
     }
     // mapped-ram never sends MULTIFD_FLUSH: its multifd is the file readers.
     bool channels = !multifd_.empty();
-    load_cfg_ = LoadvmConfig{params_.machine_type, ram_block_descs(blocks_), channels,
-                             params_.mapped_ram, params_.uuid, !params_.park_dir.empty(),
-                             params_.postcopy_ram};
+    load_cfg_ = LoadvmConfig{};
+    load_cfg_.machine_type = params_.machine_type;
+    load_cfg_.blocks = ram_block_descs(blocks_);
+    load_cfg_.multifd = channels;
+    load_cfg_.mapped_ram = params_.mapped_ram;
+    load_cfg_.ignore_shared = params_.ignore_shared;
+    load_cfg_.uuid = params_.uuid;
+    load_cfg_.park = !params_.park_dir.empty();
+    load_cfg_.postcopy_ram = params_.postcopy_ram;
     if (params_.postcopy_ram && !load_cfg_.park) {
         for (const auto &b : blocks_) {
             received_.push_back(std::make_unique<ReceivedBitmap>(b.image->pages()));

@@ -64,6 +64,12 @@ struct IncomingParams {
     // postcopy-preempt: the first connection after the main channel is the
     // preempt channel, where a source sends the pages asked for.
     bool postcopy_preempt = false;
+    // x-ignore-shared: the source's blocks are ours, mapped from the same
+    // files: checked by address, and no page need come.
+    bool ignore_shared = false;
+    // switchover-ack: acknowledged as the return path opens (no device of
+    // qmigd's holds the switchover).
+    bool switchover_ack = false;
 };
 
 class IncomingMigration {

@@ -215,6 +215,12 @@ void IncomingMigration::load_thread_main()
         QMIGD_TRY(rp);
         rp_ = std::move(*rp);
         rp_open_ = true; // abort_with() leaves its write side open from now on
+        if (params_.switchover_ack) {
+            // loadvm_process_command(): no device needs to hold the
+            // switchover, so the ack goes as soon as the return path opens.
+            spdlog::info("incoming migration: switchover acknowledged");
+            return rp_->switchover_ack();
+        }
         return {};
     };
     ImageLoadHandler handler(blocks_, sync_.get(), params_.mapped_ram ? &file_in_ : nullptr,

@@ -61,6 +61,18 @@ struct OutgoingParams {
     // destination carries the pages it asks for, ahead of the main channel.
     bool postcopy_preempt = false;
     uint64_t max_postcopy_bandwidth = 0; // bytes/s once in postcopy, 0 = unlimited
+    // pause-before-switchover: with the VM stopped, the status goes
+    // pre-switchover until migrate-continue (libvirt ends its block jobs).
+    bool pause_before_switchover = false;
+    // switchover-ack (with the return path): no switchover before the
+    // destination's SWITCHOVER_ACK while the VM runs.
+    bool switchover_ack = false;
+    // validate-uuid: the configuration section carries the VM's UUID (the
+    // parked VM's, else --uuid) for the destination to check.
+    bool validate_uuid = false;
+    // x-ignore-shared: blocks in a shared memory file are listed but no
+    // page of theirs is sent: the destination maps the same file.
+    bool ignore_shared = false;
     // multifd-compression (multifd channels only).
     MultiFDCompressionParams compression;
     // tls-creds (client endpoint), tls-hostname: every channel. Not on
@@ -114,6 +126,8 @@ struct MigrationShared {
     std::condition_variable resume_cv;
     std::optional<std::vector<int>> resume_fds; // protected by resume_mu
     bool abandon = false;                       // protected by resume_mu
+    // pause-before-switchover: migrate-continue's posts (QEMU's pause_sem).
+    unsigned continue_posts = 0;                // protected by resume_mu
     std::string pause_error;                    // protected by resume_mu
 };
 

@@ -1,6 +1,8 @@
 // QAPI MigrationStatus values qmigd uses, with QEMU's names.
 #pragma once
 
+#include <string_view>
+
 namespace qmigd {
 
 enum class MigrationStatus {
@@ -9,6 +11,7 @@ enum class MigrationStatus {
     Cancelling,
     Cancelled,
     Active,
+    PreSwitchover, // pause-before-switchover: the VM stopped, migrate-continue awaited
     Device,
     PostcopyActive,
     PostcopyPaused,
@@ -26,6 +29,7 @@ inline const char *migration_status_name(MigrationStatus s)
     case MigrationStatus::Cancelling: return "cancelling";
     case MigrationStatus::Cancelled: return "cancelled";
     case MigrationStatus::Active: return "active";
+    case MigrationStatus::PreSwitchover: return "pre-switchover";
     case MigrationStatus::Device: return "device";
     case MigrationStatus::PostcopyActive: return "postcopy-active";
     case MigrationStatus::PostcopyPaused: return "postcopy-paused";
@@ -37,11 +41,26 @@ inline const char *migration_status_name(MigrationStatus s)
     return "none";
 }
 
+// QAPI's MigrationStatus names, qmigd's and the ones it never takes
+// ("colo", "wait-unplug"): what migrate-continue's `state` accepts.
+inline bool migration_status_known(std::string_view name)
+{
+    for (const char *s : {"none", "setup", "cancelling", "cancelled", "active",
+                          "postcopy-active", "postcopy-paused", "postcopy-recover-setup",
+                          "postcopy-recover", "completed", "failed", "colo", "pre-switchover",
+                          "device", "wait-unplug"}) {
+        if (name == s) {
+            return true;
+        }
+    }
+    return false;
+}
+
 // A migration is in progress (QEMU's migration_is_running()).
 inline bool migration_is_running(MigrationStatus s)
 {
     return s == MigrationStatus::Setup || s == MigrationStatus::Active ||
-           s == MigrationStatus::Device || s == MigrationStatus::Cancelling ||
+           s == MigrationStatus::PreSwitchover || s == MigrationStatus::Device || s == MigrationStatus::Cancelling ||
            s == MigrationStatus::PostcopyActive || s == MigrationStatus::PostcopyPaused ||
            s == MigrationStatus::PostcopyRecoverSetup || s == MigrationStatus::PostcopyRecover;
 }

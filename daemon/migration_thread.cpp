@@ -51,6 +51,9 @@ MigrationThread::MigrationThread(const OutgoingParams &p, std::vector<RAMBlock> 
     ram_ = std::make_unique<RamSave>(blocks_, p_.zpd, out_, main_fd_, multifd_.get(),
                                      file_.get());
     ram_->count_bytes_in(&shared_.stats.precopy_bytes);
+    if (p_.ignore_shared) {
+        ram_->ignore_all_blocks();
+    }
 }
 
 MigrationThread::~MigrationThread()
@@ -151,6 +154,36 @@ uint32_t MigrationThread::ram_section_id() const
     return p_.parked ? p_.parked->ram_section_id : kRamSectionId;
 }
 
+// vmstate_uuid_needed(): with validate-uuid, the VM's UUID if it has one
+// (a parked VM's own, else --uuid).
+const Uuid *MigrationThread::config_uuid() const
+{
+    if (!p_.validate_uuid) {
+        return nullptr;
+    }
+    if (p_.parked && p_.parked->uuid) {
+        return &*p_.parked->uuid;
+    }
+    return p_.uuid != Uuid{} ? &p_.uuid : nullptr;
+}
+
+// The capabilities the destination must have on too (QEMU's
+// vmstate_capabilites: x-ignore-shared and mapped-ram).
+std::span<const std::string_view> MigrationThread::config_caps() const
+{
+    static constexpr std::string_view kBoth[] = {"x-ignore-shared", "mapped-ram"};
+    if (p_.ignore_shared && p_.mapped_ram) {
+        return kBoth;
+    }
+    if (p_.ignore_shared) {
+        return std::span<const std::string_view>(kBoth, 1);
+    }
+    if (p_.mapped_ram) {
+        return std::span<const std::string_view>(kBoth + 1, 1);
+    }
+    return {};
+}
+
 Status MigrationThread::setup()
 {
     if (multifd_) {
@@ -158,11 +191,7 @@ Status MigrationThread::setup()
     }
     ByteWriter &w = out_.w();
     savevm_put_header(w);
-    static constexpr std::string_view kMappedRam[] = {"mapped-ram"};
-    const Uuid *uuid = p_.parked && p_.parked->uuid ? &*p_.parked->uuid : nullptr;
-    savevm_put_configuration(w, p_.machine_type, uuid,
-                             p_.mapped_ram ? std::span<const std::string_view>(kMappedRam)
-                                           : std::span<const std::string_view>());
+    savevm_put_configuration(w, p_.machine_type, config_uuid(), config_caps());
     if (p_.return_path || p_.postcopy_ram) {
         // As QEMU's migration_thread(): the destination opens its end, and
         // a PING lines both up.
@@ -185,7 +214,7 @@ Status MigrationThread::setup()
     QMIGD_TRY(out_.flush());
     savevm_put_section_header(w, QEMU_VM_SECTION_START, ram_section_id(), "ram", 0,
                               RAM_SECTION_VERSION);
-    QMIGD_TRY(ram_->put_ram_layout(p_.postcopy_ram));
+    QMIGD_TRY(ram_->put_ram_layout({p_.postcopy_ram, p_.ignore_shared}));
     // Dirty sync 1: every page is to be sent; what the guest marked so far is
     // already covered, so the shared bitmaps start clean.
     ram_->mark_all_dirty();
@@ -301,16 +330,53 @@ Status MigrationThread::iterate()
             dirty_sync();
             pending = ram_->dirty_pages() * TARGET_PAGE_SIZE;
         }
-        if (pending == 0 || pending < threshold_) {
+        bool can_switchover = switchover_acked();
+        if ((pending == 0 || pending < threshold_) && can_switchover) {
             return {};
         }
-        if (postcopy_requested()) {
+        if (postcopy_requested() && can_switchover) {
             return {};
+        }
+        if (pending == 0) {
+            // Only the destination's ack is missing: nothing to send while
+            // the guest writes nothing.
+            QMIGD_TRY(check_cancel());
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            update_counters();
+            continue;
         }
         bool round_done = false;
         QMIGD_TRY(send_part(&round_done));
         update_counters();
     }
+}
+
+// migration_can_switchover(): with switchover-ack, not before the
+// destination said so, unless the VM is stopped anyway.
+bool MigrationThread::switchover_acked() const
+{
+    if (!p_.switchover_ack || !shared_.vm_running) {
+        return true;
+    }
+    return rp_ && rp_->switchover_acked();
+}
+
+// migration_switchover_prepare() with pause-before-switchover: the VM is
+// stopped, the status pre-switchover until migrate-continue (or a cancel).
+// Posts left from an earlier migrate-continue are dropped first, as QEMU
+// drains its semaphore.
+Status MigrationThread::pause_before_switchover(MigrationStatus from)
+{
+    std::unique_lock<std::mutex> lk(shared_.resume_mu);
+    shared_.continue_posts = 0;
+    owner_.post_status(from, MigrationStatus::PreSwitchover);
+    spdlog::info("migration: paused before switchover, waiting for migrate-continue");
+    shared_.resume_cv.wait(lk, [&] { return shared_.continue_posts > 0 || shared_.abandon; });
+    if (shared_.abandon) {
+        return Error("Switchover is interrupted");
+    }
+    owner_.post_status(MigrationStatus::PreSwitchover, MigrationStatus::Device);
+    return {};
 }
 
 Status MigrationThread::stop_for_switchover(bool *running)
@@ -330,7 +396,11 @@ Status MigrationThread::stop_for_switchover(bool *running)
     *running = shared_.vm_running.load();
     downtime_ = true;
     ram_->count_bytes_in(&shared_.stats.downtime_bytes);
-    owner_.post_status(MigrationStatus::Active, MigrationStatus::Device);
+    if (p_.pause_before_switchover) {
+        QMIGD_TRY(pause_before_switchover(MigrationStatus::Active));
+    } else {
+        owner_.post_status(MigrationStatus::Active, MigrationStatus::Device);
+    }
     savevm_put_command(out_.w(), MIG_CMD_SWITCHOVER_START);
     return {};
 }

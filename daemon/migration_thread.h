@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <string_view>
 #include <vector>
 
 #include "daemon/migration_state.h"
@@ -59,6 +61,8 @@ private:
     using Clock = std::chrono::steady_clock;
 
     uint32_t ram_section_id() const;
+    const Uuid *config_uuid() const;
+    std::span<const std::string_view> config_caps() const;
     Status migrate(); // run() without the return path's last word
     Status setup();
     Status iterate();
@@ -68,6 +72,8 @@ private:
     // Switchover's first steps, precopy or postcopy: the guest paused (or
     // left running on failure), status device, downtime counting.
     Status stop_for_switchover(bool *running);
+    bool switchover_acked() const;
+    Status pause_before_switchover(MigrationStatus from);
     // The device sections (a parked VM's as received); with `eof`, then
     // EOF and the VM description, as precopy ends. Postcopy packages them
     // without.

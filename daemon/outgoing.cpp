@@ -246,6 +246,15 @@ void OutgoingMigration::cancel()
     }
 }
 
+void OutgoingMigration::continue_switchover()
+{
+    {
+        std::lock_guard<std::mutex> lk(shared_->resume_mu);
+        shared_->continue_posts++;
+    }
+    shared_->resume_cv.notify_all();
+}
+
 void OutgoingMigration::pause()
 {
     spdlog::info("migration: postcopy paused by migrate-pause");

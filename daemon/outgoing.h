@@ -67,6 +67,8 @@ public:
     // migrate-start-postcopy: the migration thread switches at its next
     // iteration (a migration that ends first ignores it, as in QEMU).
     void start_postcopy() { shared_->start_postcopy = true; }
+    // migrate-continue: a migration paused before switchover goes on.
+    void continue_switchover();
     void set_max_postcopy_bandwidth(uint64_t bw) { shared_->max_postcopy_bandwidth = bw; }
     // The postcopy package went: the VM may run at the destination.
     bool vm_handed_over() const { return shared_->vm_handed_over; }

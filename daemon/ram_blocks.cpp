@@ -46,7 +46,7 @@ Result<RamBlockSpec> ram_block_spec_parse(const std::string &text)
     while (std::getline(ss, part, ',')) {
         size_t eq = part.find('=');
         if (eq == std::string::npos) {
-            return Error("--ram '" + text + "': expected NAME=FILE[,size=BYTES][,dirty=PATH]");
+            return Error("--ram '" + text + "': expected NAME=FILE[,size=BYTES][,dirty=PATH][,addr=GPA]");
         }
         std::string key = part.substr(0, eq), val = part.substr(eq + 1);
         if (first) {
@@ -59,6 +59,10 @@ Result<RamBlockSpec> ram_block_spec_parse(const std::string &text)
             }
         } else if (key == "dirty") {
             spec.dirty_path = val;
+        } else if (key == "addr") {
+            if (!parse_size(val, &spec.addr)) {
+                return Error("--ram '" + text + "': Parameter 'addr' expects a number");
+            }
         } else {
             return Error("--ram '" + text + "': unknown option '" + key + "'");
         }
@@ -89,7 +93,8 @@ Result<RAMBlock> ram_block_open(const RamBlockSpec &spec, bool with_dirty_bitmap
     const Backing &backing = b.image->backing();
     b.desc = RamBlockDesc{spec.name, b.image->size(),
                           backing.kind == BackingKind::Hugetlbfs ? backing.page_size
-                                                                 : TARGET_PAGE_SIZE};
+                                                                 : TARGET_PAGE_SIZE,
+                          spec.addr};
     bool read_only = spec.open == ImageOpen::ReadOnly;
     // Measuring needs a scratch file beside the image: not in a parked VM's
     // directory. A parked image on 4 KiB tmpfs is measured in /dev/shm (the

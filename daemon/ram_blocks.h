@@ -22,6 +22,7 @@ struct RamBlockSpec {
     std::string name;
     std::string path;
     uint64_t size = 0;
+    uint64_t addr = 0; // RamBlockDesc::addr (x-ignore-shared)
     std::string dirty_path; // default: side_file_path(path, backing, ".dirty")
     // ReadOnly (a parked VM's image): its dirty bitmap is anonymous and
     // nothing is written beside it, so a read-only checkpoint serves.

@@ -22,16 +22,16 @@ RamSave::RamSave(std::vector<RAMBlock> &blocks, ZeroPageDetection zpd, QEMUFileW
 // The MEM_SIZE record. With mapped-ram each block entry is followed by its
 // header, and the stream skips the block's pages region: it goes on at
 // pages_offset + used_length (mapped_ram_setup_ramblock()).
-Status RamSave::put_ram_layout(bool postcopy_ram)
+Status RamSave::put_ram_layout(RamListOptions opts)
 {
     ByteWriter &w = out_.w();
     if (!file_) {
-        ram_put_mem_size(w, descs_, postcopy_ram);
+        ram_put_mem_size(w, descs_, opts);
         return {};
     }
     ram_put_mem_size_word(w, descs_);
     for (size_t i = 0; i < descs_.size(); i++) {
-        ram_put_block_entry(w, descs_[i]);
+        ram_put_block_entry(w, descs_[i], opts);
         auto pos = out_.offset();
         QMIGD_TRY(pos);
         const MappedRamHeader &h = file_->place(i, *pos);
@@ -78,6 +78,9 @@ void RamSave::postcopy_chunk_host_pages()
 
 void RamSave::mark_all_dirty()
 {
+    if (ignore_all_) {
+        return;
+    }
     for (size_t i = 0; i < blocks_.size(); i++) {
         uint64_t pages = blocks_[i].image->pages();
         std::fill(bitmaps_[i].begin(), bitmaps_[i].end(), ~uint64_t(0));
@@ -91,7 +94,7 @@ void RamSave::mark_all_dirty()
 uint64_t RamSave::dirty_sync()
 {
     uint64_t added = 0;
-    for (size_t i = 0; i < blocks_.size(); i++) {
+    for (size_t i = 0; i < blocks_.size() && !ignore_all_; i++) {
         if (!blocks_[i].dirty) {
             continue;
         }

@@ -19,6 +19,7 @@
 #include "daemon/qemu_file_writer.h"
 #include "daemon/ram_blocks.h"
 #include "protocol/savevm.h"
+#include "protocol/savevm.h"
 #include "ramstate/zero_page.h"
 
 namespace qmigd {
@@ -39,7 +40,10 @@ public:
     // The MEM_SIZE record of the setup section, with each block's mapped-ram
     // header when there is one (and, with postcopy-ram, its page size
     // where that is not 4096).
-    Status put_ram_layout(bool postcopy_ram);
+    Status put_ram_layout(RamListOptions opts);
+    // x-ignore-shared: every qmigd block is a shared memory file, so none
+    // is sent (QEMU's migrate_ram_is_ignored()): no page is ever dirty.
+    void ignore_all_blocks() { ignore_all_ = true; }
     // QEMU's ram_pagesize_summary(): every block's page size, ORed.
     uint64_t pagesize_summary() const;
     // postcopy_chunk_hostpages(): a huge page partly still to send is to
@@ -94,6 +98,7 @@ private:
     MultiFDSend *const multifd_;
     MappedRamSave *const file_;
     std::atomic<uint64_t> *counter_ = nullptr;
+    bool ignore_all_ = false;
     PageChannel main_;
     PageChannel *ch_ = &main_; // where send_word() writes records
     std::vector<RamBlockDesc> descs_;

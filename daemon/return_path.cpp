@@ -53,6 +53,13 @@ Status ReturnPathOut::resume_ack()
     return channel_write(fd_, tls_, msg.data(), msg.size());
 }
 
+Status ReturnPathOut::switchover_ack()
+{
+    std::vector<uint8_t> msg;
+    rp_put_switchover_ack(msg);
+    return channel_write(fd_, tls_, msg.data(), msg.size());
+}
+
 void ReturnPathOut::shut(bool failed)
 {
     std::vector<uint8_t> msg;
@@ -175,10 +182,15 @@ Status ReturnPathIn::read_message(bool *shut)
             break;
         }
         return recovery_->resume_ack(m->value);
+    case MIG_RP_MSG_SWITCHOVER_ACK:
+        // Taken whether or not switchover-ack is on, as QEMU does.
+        spdlog::info("return path: the destination acknowledges the switchover");
+        switchover_acked_ = true;
+        return {};
     default:
         break;
     }
-    // Bitmaps and acks belong to postcopy recovery and switchover-ack.
+    // Bitmaps and acks belong to postcopy recovery.
     return Error(fmt::format("return path: '{}' message (0x{:04x}) but postcopy is not "
                              "running",
                              rp_message_name(m->type), m->type));

@@ -40,6 +40,8 @@ public:
     Status recv_bitmap(const std::string &idstr, const std::vector<uint64_t> &bits,
                        uint64_t pages);
     Status resume_ack();
+    // switchover-ack: the source may switch over (no device holds it).
+    Status switchover_ack();
     // The verdict; a source that is gone already is not an error here.
     void shut(bool failed);
 
@@ -76,6 +78,8 @@ public:
     // request out of bounds, a failure's SHUT), not on a broken link: a
     // postcopy migration then fails instead of pausing for a recovery.
     bool destination_misbehaved();
+    // switchover-ack: the destination said the source may switch over.
+    bool switchover_acked() const { return switchover_acked_; }
 
 private:
     void run();
@@ -92,6 +96,7 @@ private:
     bool ended_ = false;         // protected by mu_
     bool misbehaved_ = false;    // protected by mu_
     bool link_failed_ = false;   // reader thread only
+    std::atomic<bool> switchover_acked_{false}; // set by the reader
     std::thread thread_;
 };
 

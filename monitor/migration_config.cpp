@@ -6,10 +6,25 @@ namespace qmigd {
 
 namespace {
 
-// The capabilities qmigd implements; the rest are listed (false) and refused.
+// The capabilities qmigd implements; the rest are listed (false) and
+// refused, each saying why (README "Capabilities").
 const std::vector<std::string> kImplementedCaps = {
     "multifd", "events", "auto-converge", "mapped-ram", "return-path", "postcopy-ram",
-    "postcopy-preempt"};
+    "postcopy-preempt", "pause-before-switchover", "switchover-ack", "validate-uuid",
+    "x-ignore-shared", "zero-copy-send", "xbzrle", "dirty-bitmaps", "late-block-activate",
+    "zero-blocks", "postcopy-blocktime"};
+
+// Why qmigd refuses the others: what each needs that qmigd has not.
+const std::vector<std::pair<std::string, std::string>> kRefusedCaps = {
+    {"release-ram", "the source keeps every page until the destination has it all (a parked "
+                    "VM's directory stays untouched, and a paused postcopy resends from it)"},
+    {"x-colo", "COLO runs the VM on both sides at once, and qmigd runs no vCPU"},
+    {"rdma-pin-all", "qmigd has no rdma: transport"},
+    {"background-snapshot", "it write-protects the guest's memory inside its own QEMU; a "
+                            "qmigd source cannot stop the writes of another process"},
+    {"dirty-limit", "it limits vCPUs through KVM's dirty ring; qmigd throttles its guest with "
+                    "auto-converge"},
+};
 
 QmpError type_error(const std::string &key, const char *type)
 {
@@ -237,12 +252,11 @@ std::optional<QmpError> MigrationConfig::set_capabilities(const json &args)
                             "Parameter 'capability' does not accept value '" + name + "'"};
         }
         bool state = item["state"];
-        if (state && name == "release-ram") {
-            // QEMU frees the source's copy of a page once postcopy sent it.
-            return QmpError{"GenericError",
-                            "Capability 'release-ram' is not supported by qmigd: the source "
-                            "keeps every page until the destination has it all (a parked VM's "
-                            "directory stays untouched, and a paused postcopy resends from it)"};
+        for (const auto &[refused, why] : kRefusedCaps) {
+            if (state && name == refused) {
+                return QmpError{"GenericError",
+                                "Capability '" + name + "' is not supported by qmigd: " + why};
+            }
         }
         if (state && std::find(kImplementedCaps.begin(), kImplementedCaps.end(), name) ==
                          kImplementedCaps.end()) {
@@ -258,21 +272,41 @@ std::optional<QmpError> MigrationConfig::set_capabilities(const json &args)
     return std::nullopt;
 }
 
-// migrate_caps_check(): the combinations QEMU 10 refuses, in its words.
+// migrate_caps_check(): the combinations QEMU 10 refuses, in its order and
+// words. Capabilities qmigd refuses outright never get here.
 std::optional<QmpError> MigrationConfig::check_combination(const std::vector<bool> &caps) const
 {
     const auto &names = capability_names();
     auto on = [&](std::string_view name) {
         return caps[size_t(std::find(names.begin(), names.end(), name) - names.begin())];
     };
+    auto refuse = [](std::string text) -> std::optional<QmpError> {
+        return QmpError{"GenericError", std::move(text)};
+    };
+    if (on("postcopy-ram") && on("x-ignore-shared")) {
+        return refuse("Postcopy is not compatible with ignore-shared");
+    }
     if (on("postcopy-ram") && on("multifd")) {
-        return QmpError{"GenericError", "Postcopy is not yet compatible with multifd"};
+        return refuse("Postcopy is not yet compatible with multifd");
+    }
+    if (on("zero-copy-send") && (!on("multifd") || on("xbzrle") ||
+                                 multifd_compression() != "none" || tls())) {
+        return refuse("Zero copy only available for non-compressed non-TLS multifd migration");
     }
     if (on("postcopy-preempt") && !on("postcopy-ram")) {
-        return QmpError{"GenericError", "Postcopy preempt requires postcopy-ram"};
+        return refuse("Postcopy preempt requires postcopy-ram");
+    }
+    if (on("switchover-ack") && !on("return-path")) {
+        return refuse("Capability 'switchover-ack' requires capability 'return-path'");
+    }
+    if (on("multifd") && on("xbzrle")) {
+        return refuse("Multifd is not compatible with xbzrle");
+    }
+    if (on("mapped-ram") && on("xbzrle")) {
+        return refuse("Mapped-ram migration is incompatible with xbzrle");
     }
     if (on("mapped-ram") && on("postcopy-ram")) {
-        return QmpError{"GenericError", "Mapped-ram migration is incompatible with postcopy"};
+        return refuse("Mapped-ram migration is incompatible with postcopy");
     }
     return std::nullopt;
 }
@@ -352,6 +386,14 @@ std::optional<QmpError> MigrationConfig::set_parameters(const json &args)
     // migrate_params_check() on the merged set.
     if (next["max-cpu-throttle"].get<uint64_t>() < next["cpu-throttle-initial"].get<uint64_t>()) {
         return int_range_error(*find_int_param("max-cpu-throttle"));
+    }
+    // What is being set, not the merged set, as QEMU.
+    bool sets_compression = args.contains("multifd-compression") &&
+                            next["multifd-compression"] != "none";
+    bool sets_tls = args.contains("tls-creds") && !next["tls-creds"].get<std::string>().empty();
+    if (capability("zero-copy-send") && (sets_compression || sets_tls)) {
+        return QmpError{"GenericError",
+                        "Zero copy only available for non-compressed non-TLS multifd migration"};
     }
     params_ = std::move(next);
     return std::nullopt;

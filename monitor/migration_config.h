@@ -58,6 +58,9 @@ public:
         return params_["direct-io"].get<bool>() && capability("mapped-ram") &&
                capability("multifd");
     }
+    // QEMU's migrate_tls(): tls-creds is set.
+    bool tls() const { return !params_["tls-creds"].get_ref<const std::string &>().empty(); }
+    uint64_t xbzrle_cache_size() const { return params_["xbzrle-cache-size"]; }
     uint64_t downtime_limit_ms() const { return params_["downtime-limit"]; }
     unsigned cpu_throttle_initial() const { return params_["cpu-throttle-initial"]; }
     unsigned cpu_throttle_increment() const { return params_["cpu-throttle-increment"]; }

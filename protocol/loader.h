@@ -99,6 +99,7 @@ private:
     // sections (ram.c keeps it in a static for the same reason).
     std::optional<size_t> last_block_;
     bool source_mapped_ram_ = false; // configuration/capabilities listed it
+    bool source_ignore_shared_ = false; // the same
     LoadvmResult result_;
     alignas(64) uint8_t page_[TARGET_PAGE_SIZE];
 };

@@ -60,8 +60,8 @@ Status Loader::load_configuration()
     return check_capabilities();
 }
 
-// configuration/capabilities: be32 count, count x cstr8 name. Of the
-// capabilities QEMU validates, qmigd knows mapped-ram.
+// configuration/capabilities: be32 count, count x cstr8 name: the
+// capabilities QEMU validates, x-ignore-shared and mapped-ram.
 Status Loader::load_capabilities()
 {
     uint32_t count = f_->get_be32();
@@ -72,10 +72,13 @@ Status Loader::load_capabilities()
     for (uint32_t i = 0; i < count; i++) {
         std::string cap = f_->get_cstr8();
         QMIGD_TRY(stream_status());
-        if (cap != "mapped-ram") {
-            return fail(fmt::format("Capability '{}' is not supported by qmigd", wire_text(cap)));
+        if (cap == "mapped-ram") {
+            source_mapped_ram_ = true;
+        } else if (cap == "x-ignore-shared") {
+            source_ignore_shared_ = true;
+        } else {
+            return fail(fmt::format("Received unknown capability {}", wire_text(cap)));
         }
-        source_mapped_ram_ = true;
     }
     return {};
 }
@@ -83,6 +86,11 @@ Status Loader::load_capabilities()
 // configuration_validate_capabilities(): both sides on or both off.
 Status Loader::check_capabilities()
 {
+    if (source_ignore_shared_ != cfg_.ignore_shared) {
+        return fail(fmt::format("Capability x-ignore-shared is {}, but received capability is {}",
+                                cfg_.ignore_shared ? "on" : "off",
+                                source_ignore_shared_ ? "on" : "off"));
+    }
     if (source_mapped_ram_ != cfg_.mapped_ram) {
         return fail(fmt::format("Capability mapped-ram is {}, but received capability is {}",
                                 cfg_.mapped_ram ? "on" : "off",
@@ -118,7 +126,7 @@ Status Loader::load_config_subsection()
         QMIGD_TRY(stream_status());
         result_.uuid = uuid;
         if (cfg_.uuid != Uuid{} && uuid != cfg_.uuid) {
-            return fail(fmt::format("UUID received is '{}' and local is '{}'",
+            return fail(fmt::format("UUID received is {} and local is {}",
                                     uuid_to_string(uuid), uuid_to_string(cfg_.uuid)));
         }
         return {};
@@ -322,6 +330,16 @@ Status Loader::ram_load_mem_size(uint64_t total)
             if (remote != it->page_size) {
                 return fail(fmt::format("Mismatched RAM page size {} (local) {} != {}",
                                         wire_text(idstr), it->page_size, remote));
+            }
+        }
+        // Every qmigd block is a shared memory file, ignored with
+        // x-ignore-shared: its address must be ours.
+        if (cfg_.ignore_shared) {
+            uint64_t addr = f_->get_be64();
+            QMIGD_TRY(stream_status());
+            if (addr != it->addr) {
+                return fail(fmt::format("Mismatched GPAs for block {} {}!= {}", wire_text(idstr),
+                                        int64_t(addr), int64_t(it->addr)));
             }
         }
         if (length > total) {

@@ -26,6 +26,10 @@ struct LoadvmConfig {
     // The mapped-ram capability: the source must have it on too, and each
     // block's pages are in the file, not the stream.
     bool mapped_ram = false;
+    // x-ignore-shared: the source must have it on too; the RAM list gives
+    // each block's address, checked against ours (RamBlockDesc::addr), and
+    // no page of a shared block need come (both ends map the same file).
+    bool ignore_shared = false;
     // Our own UUID; checked against configuration/uuid when both are set.
     Uuid uuid{};
     // Parking a VM: any machine type and any RAM layout are taken (the

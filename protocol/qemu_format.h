@@ -115,6 +115,10 @@ struct RamBlockDesc {
     // host page. Postcopy places and sends whole pages of this size, and
     // with postcopy-ram the RAM list carries it where it is not 4096.
     uint64_t page_size = TARGET_PAGE_SIZE;
+    // QEMU's block->mr->addr, the guest-physical address of the block's
+    // memory region (0 for a -M none memory backend). With x-ignore-shared
+    // the RAM list carries it and the destination checks it.
+    uint64_t addr = 0;
 };
 
 } // namespace qmigd

@@ -102,6 +102,13 @@ void rp_put_resume_ack(std::vector<uint8_t> &out, uint32_t value)
     put_message(out, MIG_RP_MSG_RESUME_ACK, value);
 }
 
+void rp_put_switchover_ack(std::vector<uint8_t> &out)
+{
+    ByteWriter w(out);
+    w.be16(MIG_RP_MSG_SWITCHOVER_ACK);
+    w.be16(0);
+}
+
 void rp_put_recv_bitmap(std::vector<uint8_t> &out, std::string_view idstr)
 {
     ByteWriter w(out);

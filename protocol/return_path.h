@@ -55,6 +55,7 @@ const char *rp_message_name(uint16_t type);
 void rp_put_shut(std::vector<uint8_t> &out, uint32_t failed);
 void rp_put_pong(std::vector<uint8_t> &out, uint32_t value);
 void rp_put_resume_ack(std::vector<uint8_t> &out, uint32_t value);
+void rp_put_switchover_ack(std::vector<uint8_t> &out);
 // The message only; the bitmap follows it (protocol/postcopy.h).
 void rp_put_recv_bitmap(std::vector<uint8_t> &out, std::string_view idstr);
 

@@ -130,20 +130,23 @@ void ram_put_mem_size_word(ByteWriter &w, std::span<const RamBlockDesc> blocks)
     w.be64(total | RAM_SAVE_FLAG_MEM_SIZE);
 }
 
-void ram_put_block_entry(ByteWriter &w, const RamBlockDesc &block, bool postcopy_ram)
+void ram_put_block_entry(ByteWriter &w, const RamBlockDesc &block, RamListOptions opts)
 {
     w.cstr8(block.idstr);
     w.be64(block.used_length);
-    if (postcopy_ram && block.page_size != TARGET_PAGE_SIZE) {
+    if (opts.postcopy_ram && block.page_size != TARGET_PAGE_SIZE) {
         w.be64(block.page_size);
+    }
+    if (opts.ignore_shared) {
+        w.be64(block.addr);
     }
 }
 
-void ram_put_mem_size(ByteWriter &w, std::span<const RamBlockDesc> blocks, bool postcopy_ram)
+void ram_put_mem_size(ByteWriter &w, std::span<const RamBlockDesc> blocks, RamListOptions opts)
 {
     ram_put_mem_size_word(w, blocks);
     for (const auto &b : blocks) {
-        ram_put_block_entry(w, b, postcopy_ram);
+        ram_put_block_entry(w, b, opts);
     }
 }
 

@@ -38,14 +38,19 @@ void savevm_put_globalstate(ByteWriter &w, uint32_t section_id, std::string_view
 void savevm_put_eof_and_vmdesc(ByteWriter &w);
 
 // ram section records.
-// With postcopy-ram, a block whose page size is not the host's (4096)
-// carries it after its length (ram_save_setup()).
+// What a RAM list entry carries after a block's length (ram_save_setup()):
+// with postcopy-ram, the page size where it is not the host's (4096);
+// with x-ignore-shared, the block's address.
+struct RamListOptions {
+    bool postcopy_ram = false;
+    bool ignore_shared = false;
+};
 void ram_put_mem_size(ByteWriter &w, std::span<const RamBlockDesc> blocks,
-                      bool postcopy_ram = false);
+                      RamListOptions opts = {});
 // The same in parts, for mapped-ram, whose header follows each block entry:
 // the record word (total bytes | MEM_SIZE), then one entry per block.
 void ram_put_mem_size_word(ByteWriter &w, std::span<const RamBlockDesc> blocks);
-void ram_put_block_entry(ByteWriter &w, const RamBlockDesc &block, bool postcopy_ram = false);
+void ram_put_block_entry(ByteWriter &w, const RamBlockDesc &block, RamListOptions opts = {});
 // A bare flag word: RAM_SAVE_FLAG_EOS or RAM_SAVE_FLAG_MULTIFD_FLUSH.
 void ram_put_flag(ByteWriter &w, uint64_t flag);
 

@@ -115,7 +115,11 @@ TEST_CASE("capabilities: QEMU's list; unimplemented ones refused", "[monitor]")
     CHECK(e->desc == "Invalid parameter type for 'capabilities[0].state', expected: boolean");
     e = set(json::array({{{"capability", "xbzrle"}, {"state", true}}}));
     REQUIRE(e);
-    CHECK(e->desc == "Capability 'xbzrle' is not supported by qmigd");
+    CHECK(e->desc == "Multifd is not compatible with xbzrle");
+    e = set(json::array({{{"capability", "x-colo"}, {"state", true}}}));
+    REQUIRE(e);
+    CHECK(e->desc == "Capability 'x-colo' is not supported by qmigd: COLO runs the VM on both "
+                     "sides at once, and qmigd runs no vCPU");
     e = set(json::array({{{"capability", "release-ram"}, {"state", true}}}));
     REQUIRE(e);
     CHECK(e->desc.find("Capability 'release-ram' is not supported by qmigd: the source keeps") ==
@@ -128,6 +132,51 @@ TEST_CASE("capabilities: QEMU's list; unimplemented ones refused", "[monitor]")
     e = c.set_capabilities({{"capabilities", 5}});
     REQUIRE(e);
     CHECK(e->desc == "Invalid parameter type for 'capabilities', expected: array");
+}
+
+// Each row: capabilities set together, and QEMU 10's refusal (measured
+// against a live QEMU 10.0.2, tests/integration/test_capabilities.py
+// compares them again), or "" where QEMU takes them.
+TEST_CASE("capabilities: the combinations QEMU refuses, in its words", "[monitor]")
+{
+    struct Row {
+        std::vector<const char *> caps;
+        const char *error;
+    };
+    const Row rows[] = {
+        {{"zero-copy-send"}, "Zero copy only available for non-compressed non-TLS multifd migration"},
+        {{"zero-copy-send", "multifd"}, ""},
+        {{"zero-copy-send", "multifd", "xbzrle"}, "Zero copy only available for non-compressed non-TLS multifd migration"},
+        {{"switchover-ack"}, "Capability 'switchover-ack' requires capability 'return-path'"},
+        {{"switchover-ack", "return-path"}, ""},
+        {{"xbzrle", "multifd"}, "Multifd is not compatible with xbzrle"},
+        {{"xbzrle", "mapped-ram"}, "Mapped-ram migration is incompatible with xbzrle"},
+        {{"postcopy-ram", "x-ignore-shared"}, "Postcopy is not compatible with ignore-shared"},
+        {{"pause-before-switchover", "validate-uuid", "x-ignore-shared", "late-block-activate",
+          "zero-blocks", "dirty-bitmaps", "postcopy-blocktime", "xbzrle"}, ""},
+    };
+    for (const auto &row : rows) {
+        MigrationConfig c;
+        json list = json::array();
+        for (const char *name : row.caps) {
+            list.push_back({{"capability", name}, {"state", true}});
+        }
+        auto e = c.set_capabilities({{"capabilities", list}});
+        INFO(list.dump());
+        CHECK((e ? e->desc : std::string()) == row.error);
+        CHECK(c.capability(row.caps[0]) == !e);
+    }
+    // Zero copy also refuses compression and TLS set afterwards.
+    MigrationConfig c;
+    REQUIRE_FALSE(c.set_capabilities({{"capabilities", {{{"capability", "multifd"}, {"state", true}},
+                                                         {{"capability", "zero-copy-send"}, {"state", true}}}}}));
+    auto e = c.set_parameters({{"multifd-compression", "zstd"}});
+    REQUIRE(e);
+    CHECK(e->desc == "Zero copy only available for non-compressed non-TLS multifd migration");
+    e = c.set_parameters({{"tls-creds", "tls0"}});
+    REQUIRE(e);
+    CHECK(e->desc == "Zero copy only available for non-compressed non-TLS multifd migration");
+    CHECK_FALSE(c.set_parameters({{"multifd-compression", "none"}}));
 }
 
 TEST_CASE("info migrate text follows QEMU's layout", "[hmp]")

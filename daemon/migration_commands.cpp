@@ -1,0 +1,308 @@
+// The migration commands of the monitor: migrate, migrate-incoming and
+// what steers a running migration (cancel, postcopy, pause, recover,
+// continue), and the capabilities and parameters they start with.
+#include "daemon/daemon.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+namespace qmigd {
+
+namespace {
+
+// What QEMU's QAPI visitor checks of migrate's and migrate-incoming's
+// arguments before the command runs, in its order.
+std::optional<QmpError> check_migrate_args(const json &args,
+                                           std::initializer_list<const char *> flags)
+{
+    if (args.contains("uri") && !args["uri"].is_string()) {
+        return QmpError{"GenericError", "Invalid parameter type for 'uri', expected: string"};
+    }
+    if (args.contains("channels")) {
+        if (auto e = qapi_check(args["channels"], migration_channel_list_type(), "channels",
+                                "channels")) {
+            return e;
+        }
+    }
+    for (const char *name : flags) {
+        if (args.contains(name) && !args[name].is_boolean()) {
+            return QmpError{"GenericError", fmt::format("Invalid parameter type for '{}', "
+                                                        "expected: boolean", name)};
+        }
+    }
+    return std::nullopt;
+}
+
+// The address of a migrate or migrate-incoming: `uri` or `channels`
+// (an empty list counts as none), with QEMU's errors.
+Result<MigrationAddress> migrate_address(const json &args, bool incoming)
+{
+    bool has_channels = args.contains("channels") && !args["channels"].empty();
+    if (args.contains("uri") == has_channels) {
+        return Error("need either 'uri' or 'channels' argument");
+    }
+    return has_channels ? migration_channels_address(args["channels"], incoming)
+                        : parse_migration_uri(args["uri"]);
+}
+
+} // namespace
+
+// QEMU's order: argument types, then the address, then the state
+// (migrate_prepare).
+QmpResult Daemon::cmd_migrate(const json &args)
+{
+    if (auto e = check_migrate_args(args, {"detach", "resume"})) {
+        return *e;
+    }
+    auto addr = migrate_address(args, false);
+    if (!addr) {
+        return qmp_error(addr.error().message());
+    }
+    if (auto st = check_transport_for_multifd(*addr, config_.capability("multifd"),
+                                              config_.capability("mapped-ram"));
+        !st) {
+        return qmp_error(st.error().message());
+    }
+    if (args.value("resume", false)) {
+        // migrate_prepare(): only a paused postcopy resumes.
+        if (opts_.role == Role::Destination) {
+            return qmp_error("Cannot resume if there is no paused migration");
+        }
+        if (auto st = outgoing_->resume(*addr); !st) {
+            return qmp_error(st.error().message());
+        }
+        return json::object();
+    }
+    // A destination's own outgoing state is never running: QEMU's next
+    // check, the run state, is what it reports.
+    if (opts_.role == Role::Destination) {
+        return qmp_error("Guest is waiting for an incoming migration");
+    }
+    auto compression = multifd_compression_parse(config_.multifd_compression());
+    if (config_.capability("mapped-ram") && compression != MultiFDCompression::None) {
+        return qmp_error("Cannot use compression with mapped-ram");
+    }
+    if (migration_is_running(migration_status())) {
+        return qmp_error("There's a migration process in progress");
+    }
+    if (runstate_ == "postmigrate") {
+        return qmp_error("Can't migrate the vm that was paused due to previous migration");
+    }
+    OutgoingParams p;
+    p.multifd = config_.capability("multifd");
+    p.channels = config_.multifd_channels();
+    p.zpd = zero_page_detection_parse(config_.zero_page_detection());
+    p.max_bandwidth = config_.max_bandwidth();
+    p.downtime_limit_ms = config_.downtime_limit_ms();
+    p.machine_type = opts_.machine_type;
+    p.uuid = opts_.uuid;
+    p.parked = parked_;
+    p.runstate = runstate_;
+    p.auto_converge = config_.capability("auto-converge");
+    p.throttle_initial = config_.cpu_throttle_initial();
+    p.throttle_increment = config_.cpu_throttle_increment();
+    p.max_throttle = config_.max_cpu_throttle();
+    p.throttle_trigger_threshold = config_.parameters()["throttle-trigger-threshold"];
+    p.link_timeout_ms = opts_.link_timeout_ms;
+    p.local_send_buffer = opts_.local_send_buffer;
+    p.mapped_ram = config_.capability("mapped-ram");
+    p.direct_io = config_.direct_io();
+    p.return_path = config_.capability("return-path");
+    p.postcopy_ram = config_.capability("postcopy-ram");
+    p.postcopy_preempt = config_.capability("postcopy-preempt");
+    p.max_postcopy_bandwidth = config_.max_postcopy_bandwidth();
+    p.pause_before_switchover = config_.capability("pause-before-switchover");
+    p.switchover_ack = config_.capability("switchover-ack");
+    p.validate_uuid = config_.capability("validate-uuid");
+    p.ignore_shared = config_.capability("x-ignore-shared");
+    if (p.ignore_shared && parked_) {
+        return qmp_error("qmigd: x-ignore-shared cannot resume a parked VM: its images stay "
+                         "as parked, and the destination would map and change them");
+    }
+    p.compression = {*compression, config_.multifd_compression_level()};
+    auto tls = tls_params(TlsCreds::Endpoint::Client, *addr);
+    if (tls) {
+        p.tls = *tls;
+    } else {
+        p.tls_error = tls.error();
+    }
+    if (auto st = outgoing_->start(*addr, p); !st) {
+        return qmp_error(st.error().message());
+    }
+    return json::object();
+}
+
+QmpResult Daemon::start_incoming(const Result<MigrationAddress> &addr)
+{
+    if (!addr) {
+        return qmp_error(addr.error().message());
+    }
+    if (auto st = check_transport_for_multifd(*addr, config_.capability("multifd"),
+                                              config_.capability("mapped-ram"));
+        !st) {
+        return qmp_error(st.error().message());
+    }
+    IncomingParams p;
+    p.multifd = config_.capability("multifd");
+    p.channels = config_.multifd_channels();
+    p.uuid = opts_.uuid;
+    p.machine_type = opts_.machine_type;
+    p.link_timeout_ms = opts_.link_timeout_ms;
+    p.mapped_ram = config_.capability("mapped-ram");
+    p.direct_io = config_.direct_io();
+    p.compression = *multifd_compression_parse(config_.multifd_compression());
+    p.park_dir = opts_.ram_dir;
+    p.postcopy_ram = config_.capability("postcopy-ram");
+    p.postcopy_preempt = config_.capability("postcopy-preempt");
+    p.ignore_shared = config_.capability("x-ignore-shared");
+    p.switchover_ack = config_.capability("switchover-ack");
+    if (p.ignore_shared && !p.park_dir.empty()) {
+        return qmp_error("qmigd: x-ignore-shared cannot park a VM: no page of its RAM would "
+                         "come (the source's memory stays in its own file)");
+    }
+    auto tls = tls_params(TlsCreds::Endpoint::Server, *addr);
+    if (!tls) {
+        return qmp_error(tls.error().message());
+    }
+    p.tls = *tls;
+    runstate_ = "inmigrate";
+    if (auto st = incoming_->start(*addr, p); !st) {
+        return qmp_error(st.error().message());
+    }
+    return json::object();
+}
+
+// QEMU's qmp_migrate_incoming: argument types, started already, the role,
+// then the address. exit-on-error is accepted, but qmigd never exits on a
+// failed load: it reports `failed` and stays ready for the next one.
+QmpResult Daemon::cmd_migrate_incoming(const json &args)
+{
+    if (auto e = check_migrate_args(args, {"exit-on-error"})) {
+        return *e;
+    }
+    if (incoming_ && migration_is_running(incoming_->status())) {
+        return qmp_error("The incoming migration has already been started");
+    }
+    if (opts_.role == Role::Source) {
+        return qmp_error("'-incoming' was not specified on the command line");
+    }
+    return start_incoming(migrate_address(args, true));
+}
+
+void Daemon::register_migration_commands()
+{
+    QmpServer &q = *qmp_;
+    using Members = std::vector<std::string>;
+    const Members none;
+    q.register_command("migrate", Members{"*uri", "*channels", "*detach", "*resume"},
+                       [this](const json &a) { return cmd_migrate(a); });
+    q.register_command("migrate-incoming", Members{"*uri", "*channels", "*exit-on-error"},
+                       [this](const json &a) { return cmd_migrate_incoming(a); });
+    q.register_command("migrate_cancel", none, [this](const json &) -> QmpResult {
+        if (outgoing_ && migration_in_postcopy(outgoing_->status())) {
+            // The source can no longer take the VM back (qmp_migrate_cancel).
+            return qmp_error("Postcopy migration in progress, cannot cancel.");
+        }
+        if (outgoing_) {
+            outgoing_->cancel();
+        }
+        if (incoming_) {
+            incoming_->cancel();
+        }
+        return json::object();
+    });
+    q.register_command("migrate-start-postcopy", none, [this](const json &) -> QmpResult {
+        if (!config_.capability("postcopy-ram")) {
+            return qmp_error("Enable postcopy with migrate_set_capability before the start of "
+                             "migration");
+        }
+        if (migration_status() == MigrationStatus::None) {
+            return qmp_error("Postcopy must be started after migration has been started");
+        }
+        if (outgoing_) {
+            outgoing_->start_postcopy();
+        }
+        return json::object();
+    });
+    q.register_command("migrate-pause", none, [this](const json &) -> QmpResult {
+        if (outgoing_ && migration_postcopy_is_alive(outgoing_->status())) {
+            outgoing_->pause();
+            return json::object();
+        }
+        if (incoming_ && migration_postcopy_is_alive(incoming_->status())) {
+            incoming_->pause();
+            return json::object();
+        }
+        return qmp_error("migrate-pause is currently only supported during postcopy-active or "
+                         "postcopy-recover state");
+    });
+    // qmp_migrate_continue(): the state argument is any MigrationStatus;
+    // only the source's current one lets the migration go on.
+    q.register_command("migrate-continue", std::vector<std::string>{"state"},
+                       [this](const json &a) -> QmpResult {
+        if (!a["state"].is_string()) {
+            return qmp_error("Invalid parameter type for 'state', expected: string");
+        }
+        const std::string &state = a["state"].get_ref<const std::string &>();
+        if (!migration_status_known(state)) {
+            return qmp_error("Parameter 'state' does not accept value '" + state + "'");
+        }
+        MigrationStatus now = outgoing_ ? outgoing_->status() : MigrationStatus::None;
+        if (state != migration_status_name(now)) {
+            return qmp_error(std::string("Migration not in expected state: ") +
+                             migration_status_name(now));
+        }
+        outgoing_->continue_switchover();
+        return json::object();
+    });
+    q.register_command("migrate-recover", std::vector<std::string>{"uri"},
+                       [this](const json &a) -> QmpResult {
+        if (!a["uri"].is_string()) {
+            return qmp_error("Invalid parameter type for 'uri', expected: string");
+        }
+        if (!incoming_ || incoming_->status() != MigrationStatus::PostcopyPaused) {
+            return qmp_error("Migrate recover can only be run when postcopy is paused.");
+        }
+        auto addr = parse_migration_uri(a["uri"]);
+        if (!addr) {
+            return qmp_error(addr.error().message());
+        }
+        if (auto st = incoming_->recover(*addr); !st) {
+            return qmp_error(st.error().message());
+        }
+        return json::object();
+    });
+    q.register_command("query-migrate", none, [this](const json &) -> QmpResult {
+        return incoming_ ? incoming_->query() : outgoing_->query();
+    });
+    q.register_command("query-migrate-capabilities", none,
+                       [this](const json &) -> QmpResult { return config_.capabilities(); });
+    q.register_command("query-migrate-parameters", none,
+                       [this](const json &) -> QmpResult { return config_.parameters(); });
+    q.register_command("migrate-set-capabilities", Members{"capabilities"}, [this](const json &a) -> QmpResult {
+        if (migration_is_running(migration_status())) {
+            return qmp_error(opts_.role == Role::Destination
+                                 ? "Multifd must be set before incoming starts"
+                                 : "There's a migration process in progress");
+        }
+        if (auto e = config_.set_capabilities(a)) {
+            return *e;
+        }
+        return json::object();
+    });
+    // Parameters are checked one by one, with QEMU's texts, by MigrationConfig.
+    q.register_command("migrate-set-parameters", std::nullopt, [this](const json &a) -> QmpResult {
+        if (auto e = config_.set_parameters(a)) {
+            return *e;
+        }
+        if (outgoing_ && a.contains("max-bandwidth")) {
+            outgoing_->set_max_bandwidth(config_.max_bandwidth());
+        }
+        if (outgoing_ && a.contains("max-postcopy-bandwidth")) {
+            outgoing_->set_max_postcopy_bandwidth(config_.max_postcopy_bandwidth());
+        }
+        return json::object();
+    });
+}
+
+} // namespace qmigd
