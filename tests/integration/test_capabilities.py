@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""The capabilities a management stack sets besides multifd and postcopy:
+pause-before-switchover (pre-switchover, migrate-continue), switchover-ack,
+validate-uuid and x-ignore-shared, each with QEMU 10 at the other end in
+both directions and between two qmigd, byte-identical; QEMU's refusals of
+combinations and of migrate-continue compared with a live QEMU 10's words;
+the capabilities qmigd refuses say why."""
+import hashlib
+import time
+
+from itest import test, main, check
+from fixtures import images, peers, MiB
+from runner import Peer, wait_status, files_equal, unique_name, remove, make_image
+from qmp import QMPError
+
+SIZE = 32 * MiB
+DIRECTIONS = (("qemu", "qmigd"), ("qmigd", "qemu"), ("qmigd", "qmigd"))
+
+
+def caps(peer, **states):
+    peer.qmp.cmd("migrate-set-capabilities",
+                 capabilities=[{"capability": k.replace("_", "-"), "state": v}
+                               for k, v in states.items()])
+
+
+def error_of(fn):
+    try:
+        fn()
+    except QMPError as e:
+        return e.desc
+    return ""
+
+
+def start(src, dst, bandwidth=0, exit_on_error=True):
+    for p in (src, dst):
+        p.qmp.cmd("migrate-set-parameters", {"max-bandwidth": bandwidth})
+    dst.qmp.cmd("migrate-incoming", {"uri": "tcp:127.0.0.1:0", "exit-on-error": exit_on_error})
+    port = dst.status()["socket-address"][0]["port"]
+    src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+
+
+def finish(src, dst, imgs):
+    si = wait_status(src, ("completed",), 60)
+    di = wait_status(dst, ("completed",), 60)
+    check(files_equal(imgs[0][1], imgs[0][2]), "images differ")
+    return si, di
+
+
+def statuses(peer):
+    return [e["data"]["status"] for e in peer.qmp.poll_events()
+            if e.get("event") == "MIGRATION"]
+
+
+# Capability sets and what both refuse or take: QEMU's words must be ours.
+COMBINATIONS = (
+    {"zero-copy-send": True},
+    {"multifd": True, "zero-copy-send": True},
+    {"multifd": True, "xbzrle": True},
+    {"mapped-ram": True, "xbzrle": True},
+    {"switchover-ack": True},
+    {"return-path": True, "switchover-ack": True},
+    {"postcopy-ram": True, "x-ignore-shared": True},
+    {"postcopy-ram": True, "multifd": True},
+    {"postcopy-preempt": True},
+    {"pause-before-switchover": True, "validate-uuid": True, "x-ignore-shared": True,
+     "late-block-activate": True, "zero-blocks": True, "dirty-bitmaps": True,
+     "postcopy-blocktime": True},
+)
+# Taken by QEMU 10 here, refused by qmigd with its reason.
+REFUSED = ("x-colo", "rdma-pin-all", "background-snapshot", "release-ram")
+
+
+@test
+def test_refusals_in_qemus_words():
+    """Each combination is refused (or taken) by qmigd as by QEMU 10, in
+    both roles; migrate-continue outside pre-switchover too, by QMP and HMP."""
+    for role in ("source", "dest"):
+        with images(SIZE, "zero") as imgs:
+            ram = [(n, s, z) for n, s, _, z in imgs]
+            q = Peer("qemu", role, ram, "caps-q")
+            m = Peer("qmigd", role, ram, "caps-m")
+            try:
+                for combo in COMBINATIONS:
+                    words = []
+                    for p in (q, m):
+                        words.append(error_of(lambda: p.qmp.cmd(
+                            "migrate-set-capabilities",
+                            capabilities=[{"capability": k, "state": v} for k, v in combo.items()])))
+                        p.qmp.cmd("migrate-set-capabilities", capabilities=[
+                            {"capability": k, "state": False} for k in combo])
+                    check(words[0] == words[1], f"{role} {combo}: QEMU {words[0]!r}, qmigd {words[1]!r}")
+                for name in REFUSED:
+                    e = error_of(lambda: caps(m, **{name: True}))
+                    check(e.startswith(f"Capability '{name}' is not supported by qmigd: "), e)
+                for state in ("pre-switchover", "active", "bogus"):
+                    qmp = [error_of(lambda: p.qmp.cmd("migrate-continue", state=state)) for p in (q, m)]
+                    check(qmp[0] == qmp[1], f"migrate-continue {state}: {qmp}")
+                    hmp = [p.qmp.hmp(f"migrate_continue {state}") for p in (q, m)]
+                    check(hmp[0] == hmp[1], f"migrate_continue {state}: {hmp}")
+                check(q.qmp.hmp("migrate_continue bogus") == "Error: invalid parameter value: bogus\r\n")
+            finally:
+                q.stop()
+                m.stop()
+
+
+def pause_cell(src_kind, dst_kind):
+    def fn():
+        with images(SIZE, "mixed") as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
+            caps(s, events=True, pause_before_switchover=True)
+            start(s, d)
+            wait_status(s, ("pre-switchover",), 30)
+            check(s.qmp.cmd("query-status")["status"] == "finish-migrate", "the VM runs")
+            e = error_of(lambda: s.qmp.cmd("migrate-continue", state="active"))
+            check(e == "Migration not in expected state: pre-switchover", e)
+            time.sleep(0.5)  # it stays there until told
+            check(s.status()["status"] == "pre-switchover", s.status())
+            check(d.status()["status"] == "active", d.status())
+            s.qmp.cmd("migrate-continue", state="pre-switchover")
+            finish(s, d, imgs)
+            seq = statuses(s)
+            check(seq[-3:] == ["pre-switchover", "device", "completed"], seq)
+    fn.__name__ = f"test_pause_before_switchover_{src_kind}_to_{dst_kind}"
+    test(fn)
+
+
+for src_kind, dst_kind in DIRECTIONS:
+    pause_cell(src_kind, dst_kind)
+
+
+@test
+def test_cancel_in_pre_switchover():
+    """A cancel while paused before switchover: cancelled, the VM runs
+    again, and the next migration goes through."""
+    for src_kind in ("qemu", "qmigd"):
+        with images(SIZE, "mixed") as imgs, peers(src_kind, "qmigd", imgs) as (s, d):
+            caps(s, pause_before_switchover=True)
+            start(s, d)
+            wait_status(s, ("pre-switchover",), 30)
+            s.qmp.cmd("migrate_cancel")
+            wait_status(s, ("cancelled",), 30, fail_on=("failed",))
+            check(s.qmp.cmd("query-status")["status"] == "running", "the VM stays stopped")
+            d.stop()
+            d2 = Peer("qmigd", "dest", [("mem", imgs[0][2], SIZE)], "dst2")
+            try:
+                start(s, d2)
+                wait_status(s, ("pre-switchover",), 30)
+                s.qmp.hmp("migrate_continue pre-switchover")
+                finish(s, d2, imgs)
+            finally:
+                d2.stop()
+
+
+def ack_cell(src_kind, dst_kind):
+    def fn():
+        with images(SIZE, "mixed") as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
+            for p in (s, d):
+                caps(p, return_path=True, switchover_ack=True)
+            start(s, d)
+            finish(s, d, imgs)
+            if src_kind == "qmigd":
+                check("acknowledges the switchover" in s.log_text(), "no ack heard")
+            if dst_kind == "qmigd":
+                check("switchover acknowledged" in d.log_text(), "no ack sent")
+    fn.__name__ = f"test_switchover_ack_{src_kind}_to_{dst_kind}"
+    test(fn)
+
+
+for src_kind, dst_kind in DIRECTIONS:
+    ack_cell(src_kind, dst_kind)
+
+
+@test
+def test_no_switchover_without_the_ack():
+    """A destination that never acks (switchover-ack off there) holds a
+    qmigd source with it on: all RAM sent, still active; once the VM is
+    stopped it needs no ack and completes, as QEMU's source."""
+    for dst_kind in ("qemu", "qmigd"):
+        with images(SIZE, "mixed") as imgs, peers("qmigd", dst_kind, imgs) as (s, d):
+            caps(s, return_path=True, switchover_ack=True)
+            caps(d, return_path=True)
+            start(s, d)
+            deadline = time.monotonic() + 20
+            while s.status().get("ram", {}).get("remaining", 1) != 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(1.0)
+            info = s.status()
+            check(info["status"] == "active" and info["ram"]["remaining"] == 0, info)
+            s.qmp.cmd("stop")
+            finish(s, d, imgs)
+
+
+def uuid_cell(src_kind, dst_kind):
+    def fn():
+        a, b = "6a3c0b0e-1d2f-4b5c-9e8f-0123456789ab", "6a3c0b0e-1d2f-4b5c-9e8f-ffffffffffff"
+
+        def uuid_arg(kind, u):
+            return ["-uuid", u] if kind == "qemu" else ["--uuid", u]
+        # Same UUID: completes. Another one: the destination refuses it.
+        for dst_uuid, ok in ((a, True), (b, False)):
+            with images(SIZE, "mixed") as imgs, \
+                    peers(src_kind, dst_kind, imgs, uuid_arg(src_kind, a),
+                          uuid_arg(dst_kind, dst_uuid)) as (s, d):
+                caps(s, validate_uuid=True)
+                start(s, d, exit_on_error=False)
+                if ok:
+                    finish(s, d, imgs)
+                    continue
+                wait_status(s, ("failed", "completed"), 30, fail_on=())
+                info = wait_status(d, ("failed",), 30, fail_on=())
+                if dst_kind == "qmigd":
+                    check(f"UUID received is {a} and local is {b}" in info.get("error-desc", ""),
+                          info)
+                else:
+                    check(f"UUID received is {a} and local is {b}" in d.log_text(), d.log_text())
+    fn.__name__ = f"test_validate_uuid_{src_kind}_to_{dst_kind}"
+    test(fn)
+
+
+for src_kind, dst_kind in DIRECTIONS:
+    uuid_cell(src_kind, dst_kind)
+
+
+def digest(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def ignore_shared_cell(src_kind, dst_kind):
+    def fn():
+        """Both ends map the same file: no page crosses, the image is
+        unchanged, and a few KiB make the whole stream."""
+        path = f"/dev/shm/{unique_name('shared')}.ram"
+        make_image(path, SIZE, "mixed")
+        before = digest(path)
+        ram = [("mem", path, SIZE)]
+        s = Peer(src_kind, "source", ram, "ish-src")
+        d = Peer(dst_kind, "dest", ram, "ish-dst")
+        try:
+            for p in (s, d):
+                caps(p, x_ignore_shared=True)
+            start(s, d)
+            si = wait_status(s, ("completed",), 30)
+            wait_status(d, ("completed",), 30)
+            check(si["ram"]["transferred"] < 64 * 1024, si["ram"])
+            check(si["ram"]["normal"] == 0, si["ram"])
+            check(digest(path) == before, "the shared image changed")
+        finally:
+            s.stop()
+            d.stop()
+            remove(path)
+    fn.__name__ = f"test_x_ignore_shared_{src_kind}_to_{dst_kind}"
+    test(fn)
+
+
+for src_kind, dst_kind in DIRECTIONS:
+    ignore_shared_cell(src_kind, dst_kind)
+
+
+@test
+def test_x_ignore_shared_checks():
+    """A qmigd destination checks the block's address (QEMU's words) and
+    that the source has the capability too."""
+    path = f"/dev/shm/{unique_name('shared')}.ram"
+    make_image(path, SIZE, "zero")
+    try:
+        for src_caps, addr, want in (({"x_ignore_shared": True}, "4096",
+                                      "Mismatched GPAs for block mem 0!= 4096"),
+                                     ({}, "0", "Capability x-ignore-shared is on, but received "
+                                               "capability is off")):
+            s = Peer("qemu", "source", [("mem", path, SIZE)], "ish-src")
+            d = Peer("qmigd", "dest", [], "ish-dst",
+                     ["--ram", f"mem={path},size={SIZE},addr={addr}"])
+            try:
+                caps(s, **src_caps)
+                caps(d, x_ignore_shared=True)
+                start(s, d)
+                info = wait_status(d, ("failed",), 30, fail_on=())
+                check(want in info.get("error-desc", ""), info)
+            finally:
+                s.stop()
+                d.stop()
+    finally:
+        remove(path)
+
+
+if __name__ == "__main__":
+    main()
