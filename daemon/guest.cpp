@@ -1,5 +1,6 @@
 #include "daemon/guest.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -56,9 +57,20 @@ private:
 };
 
 // New contents for a page: one in eight becomes all zeros, the rest get
-// fresh pseudo-random words, so every write changes the page.
-void write_page(uint8_t *page, XorShift &rng)
+// fresh pseudo-random words, so every write changes the page. With
+// `bytes` below a page, only that many (in words, from a random word on,
+// wrapping within the page) change.
+void write_page(uint8_t *page, XorShift &rng, uint64_t bytes)
 {
+    if (bytes < TARGET_PAGE_SIZE) {
+        size_t words = TARGET_PAGE_SIZE / 8, n = std::max<size_t>(1, bytes / 8);
+        size_t at = rng.next() % words;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t x = rng.next();
+            std::memcpy(page + (at + i) % words * 8, &x, 8);
+        }
+        return;
+    }
     if (rng.next() % 8 == 0) {
         std::memset(page, 0, TARGET_PAGE_SIZE);
         return;
@@ -123,7 +135,7 @@ Status run_guest(const GuestOptions &opts)
                 b++;
             }
             // Write first, then mark: a sync that sees the bit sees the data.
-            write_page((*blocks)[b].image->host(page * TARGET_PAGE_SIZE), rng);
+            write_page((*blocks)[b].image->host(page * TARGET_PAGE_SIZE), rng, opts.write_bytes);
             (*blocks)[b].dirty->set_dirty(page);
             gc.count_write();
             credit_pages -= 1;

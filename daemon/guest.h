@@ -21,6 +21,10 @@ struct GuestOptions {
     uint64_t hot_set = 64 << 20; // bytes, for Hot: the first pages of RAM
     uint64_t seed = 1;
     double duration = 0; // seconds; 0 = until SIGTERM/SIGINT
+    // Bytes each write changes: the whole page (4096), or a few words at a
+    // random place in it, as a guest updating counters and structures does
+    // (what xbzrle is for).
+    uint64_t write_bytes = 4096;
 };
 
 // Runs until the duration ends or a signal arrives.

@@ -100,6 +100,11 @@ public:
         std::memcpy(run_.get() + size_t(run_pages_++) * TARGET_PAGE_SIZE, data, TARGET_PAGE_SIZE);
         return {};
     }
+    Status read_page(size_t block, uint64_t offset, uint8_t *out) override
+    {
+        QMIGD_TRY(flush()); // the page may be in the run still
+        return blocks_[block].image->read(offset, out, TARGET_PAGE_SIZE);
+    }
     Status zero_page(size_t block, uint64_t offset) override
     {
         QMIGD_TRY(flush());

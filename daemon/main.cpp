@@ -70,6 +70,10 @@ int main(int argc, char **argv)
         ->check(CLI::IsMember({"random", "sequential", "hot"}));
     guest->add_option("--hot-set", g_hot, "bytes of the hot set (pattern hot)");
     guest->add_option("--seed", g.seed, "random seed");
+    guest->add_option("--write-bytes", g.write_bytes,
+                      "bytes each write changes: 4096 rewrites the page, fewer change that "
+                      "many at a random place in it (default 4096)")
+        ->check(CLI::Range(8, 4096));
     guest->add_option("--duration", g.duration, "seconds to run (default: until signalled)");
     guest->add_option("--control", g.control_path, "guest control record");
     guest->add_option("--log-level", g_level, "log level");

@@ -115,6 +115,8 @@ QmpResult Daemon::cmd_migrate(const json &args)
     p.switchover_ack = config_.capability("switchover-ack");
     p.validate_uuid = config_.capability("validate-uuid");
     p.ignore_shared = config_.capability("x-ignore-shared");
+    p.xbzrle = config_.capability("xbzrle");
+    p.xbzrle_cache_size = config_.xbzrle_cache_size();
     if (p.ignore_shared && parked_) {
         return qmp_error("qmigd: x-ignore-shared cannot resume a parked VM: its images stay "
                          "as parked, and the destination would map and change them");

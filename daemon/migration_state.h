@@ -73,6 +73,9 @@ struct OutgoingParams {
     // x-ignore-shared: blocks in a shared memory file are listed but no
     // page of theirs is sent: the destination maps the same file.
     bool ignore_shared = false;
+    // xbzrle: deltas against a page cache of xbzrle_cache_size bytes.
+    bool xbzrle = false;
+    uint64_t xbzrle_cache_size = 64 << 20;
     // multifd-compression (multifd channels only).
     MultiFDCompressionParams compression;
     // tls-creds (client endpoint), tls-hostname: every channel. Not on
@@ -103,6 +106,13 @@ struct MigrationStats {
     std::atomic<uint64_t> pages_per_second{0};
     std::atomic<double> mbps{0};
     std::atomic<unsigned> cpu_throttle_pct{0};
+    // xbzrle-cache (daemon/xbzrle_save.h); the rates per dirty-rate period.
+    std::atomic<uint64_t> xbzrle_bytes{0};
+    std::atomic<uint64_t> xbzrle_pages{0};
+    std::atomic<uint64_t> xbzrle_cache_miss{0};
+    std::atomic<uint64_t> xbzrle_overflow{0};
+    std::atomic<double> xbzrle_cache_miss_rate{0};
+    std::atomic<double> xbzrle_encoding_rate{0};
 };
 
 // One migration's shared state; the loop makes a new one at each start,

@@ -15,6 +15,7 @@
 #include "daemon/postcopy_recovery.h"
 #include "daemon/ram_save.h"
 #include "daemon/tls/tls_session.h"
+#include "daemon/xbzrle_save.h"
 #include "protocol/postcopy.h"
 #include "protocol/return_path.h"
 #include "protocol/savevm.h"
@@ -105,6 +106,7 @@ void MigrationThread::end_period()
     uint64_t xfer = transferred() - period_xfer_start_;
     uint64_t dirty_bytes = period_dirty_pages_ * TARGET_PAGE_SIZE;
     shared_.stats.dirty_pages_rate = uint64_t(double(period_dirty_pages_) / secs);
+    update_xbzrle_rates();
     if (p_.auto_converge && guest_ && !downtime_ &&
         dirty_bytes > xfer * p_.throttle_trigger_threshold / 100 && ++dirty_rate_high_cnt_ >= 2) {
         dirty_rate_high_cnt_ = 0;
@@ -117,6 +119,29 @@ void MigrationThread::end_period()
     period_start_ = now;
     period_xfer_start_ = transferred();
     period_dirty_pages_ = 0;
+}
+
+// migration_update_rates(): the period's cache miss rate (misses per page
+// sent) and encoding rate (bytes the encoded pages had, per byte sent).
+void MigrationThread::update_xbzrle_rates()
+{
+    if (!xbzrle_) {
+        return;
+    }
+    const XbzrleCounters &c = xbzrle_->counters;
+    uint64_t sent = ram_->normal_pages() + ram_->zero_pages() + c.pages;
+    uint64_t page_count = sent - xbzrle_prev_.sent;
+    if (page_count == 0) {
+        return;
+    }
+    auto &s = shared_.stats;
+    s.xbzrle_cache_miss_rate = double(c.cache_miss - xbzrle_prev_.cache_miss) / double(page_count);
+    uint64_t encoded = c.bytes - xbzrle_prev_.bytes;
+    s.xbzrle_encoding_rate = c.pages == xbzrle_prev_.pages || encoded == 0
+                                 ? 0.0
+                                 : double((c.pages - xbzrle_prev_.pages) * TARGET_PAGE_SIZE) /
+                                       double(encoded);
+    xbzrle_prev_ = {sent, c.cache_miss, c.pages, c.bytes};
 }
 
 Status MigrationThread::check_cancel()
@@ -140,6 +165,12 @@ void MigrationThread::publish()
     s.normal = ram_->normal_pages() + (multifd_ ? multifd_->normal_pages() : 0);
     s.zero = ram_->zero_pages() + (multifd_ ? multifd_->zero_pages() : 0);
     s.remaining_pages = ram_->dirty_pages();
+    if (xbzrle_) {
+        s.xbzrle_bytes = xbzrle_->counters.bytes;
+        s.xbzrle_pages = xbzrle_->counters.pages;
+        s.xbzrle_cache_miss = xbzrle_->counters.cache_miss;
+        s.xbzrle_overflow = xbzrle_->counters.overflow;
+    }
     int64_t active_ms = ms_since(shared_.start_time) - s.setup_time_ms;
     if (active_ms > 0) {
         s.mbps = double(transferred()) * 8 / double(active_ms) / 1000;
@@ -186,6 +217,12 @@ std::span<const std::string_view> MigrationThread::config_caps() const
 
 Status MigrationThread::setup()
 {
+    if (p_.xbzrle) {
+        auto cache = PageCache::create(p_.xbzrle_cache_size, TARGET_PAGE_SIZE);
+        QMIGD_TRY(cache);
+        xbzrle_ = std::make_unique<XbzrleSave>(std::move(*cache));
+        ram_->set_xbzrle(xbzrle_.get());
+    }
     if (multifd_) {
         multifd_->start();
     }
@@ -396,6 +433,9 @@ Status MigrationThread::stop_for_switchover(bool *running)
     *running = shared_.vm_running.load();
     downtime_ = true;
     ram_->count_bytes_in(&shared_.stats.downtime_bytes);
+    if (xbzrle_) {
+        xbzrle_->set_last_stage();
+    }
     if (p_.pause_before_switchover) {
         QMIGD_TRY(pause_before_switchover(MigrationStatus::Active));
     } else {

@@ -30,6 +30,7 @@ class PostcopyRecovery;
 struct PageChannel;
 class RamSave;
 class TlsSession;
+class XbzrleSave;
 
 // What the migration thread asks of the migration's owner, from the
 // migration thread.
@@ -96,6 +97,7 @@ private:
     Status send_dirty(bool until_done, bool *round_done);
     uint64_t dirty_sync();
     void end_period();
+    void update_xbzrle_rates();
     Status rate_limit_wait();
     void publish();
     Status check_cancel();
@@ -122,6 +124,11 @@ private:
     std::unique_ptr<MappedRamSave> file_;
     std::unique_ptr<MultiFDSend> multifd_;
     std::unique_ptr<RamSave> ram_; // the bitmaps and the page walk (ram_save.h)
+    std::unique_ptr<XbzrleSave> xbzrle_; // with xbzrle, from setup on
+    // The counters at the start of the dirty-rate period.
+    struct {
+        uint64_t sent = 0, cache_miss = 0, pages = 0, bytes = 0;
+    } xbzrle_prev_;
     bool downtime_ = false; // VM stopped: records count as downtime bytes
     bool in_postcopy_ = false; // the package went: max-postcopy-bandwidth
     // Rate limit: bytes actually written (main + multifd) may not run ahead

@@ -369,6 +369,17 @@ nlohmann::json OutgoingMigration::query() const
         {"postcopy-bytes", s.postcopy_bytes.load()},
         {"dirty-sync-missed-zero-copy", 0},
     };
+    if (params_.xbzrle) {
+        r["xbzrle-cache"] = {
+            {"cache-size", params_.xbzrle_cache_size},
+            {"bytes", s.xbzrle_bytes.load()},
+            {"pages", s.xbzrle_pages.load()},
+            {"cache-miss", s.xbzrle_cache_miss.load()},
+            {"cache-miss-rate", s.xbzrle_cache_miss_rate.load()},
+            {"encoding-rate", s.xbzrle_encoding_rate.load()},
+            {"overflow", s.xbzrle_overflow.load()},
+        };
+    }
     return r;
 }
 

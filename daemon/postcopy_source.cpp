@@ -106,6 +106,9 @@ Status MigrationThread::postcopy_start()
     shared_.stats.downtime_ms = ms_since(stop_time);
     downtime_ = false;
     in_postcopy_ = true;
+    if (xbzrle_) {
+        xbzrle_->stop();
+    }
     ram_->count_bytes_in(&shared_.stats.postcopy_bytes);
     owner_.post_status(MigrationStatus::Device, MigrationStatus::PostcopyActive);
     spdlog::info("migration: postcopy started: {} pages discarded at the destination, device "

@@ -13,7 +13,10 @@ RamSave::RamSave(std::vector<RAMBlock> &blocks, ZeroPageDetection zpd, QEMUFileW
     : blocks_(blocks), zpd_(zpd), out_(out), main_fd_(main_fd), multifd_(multifd), file_(file),
       main_{out, {}}
 {
+    uint64_t base = 0;
     for (const auto &b : blocks_) {
+        block_base_.push_back(base);
+        base += b.desc.used_length;
         descs_.push_back(b.desc);
         bitmaps_.emplace_back((b.image->pages() + 63) / 64, 0);
     }
@@ -104,6 +107,9 @@ uint64_t RamSave::dirty_sync()
             bitmaps_[i], [&img](size_t w, uint64_t bits) { img.forget_holes(w, bits); });
     }
     dirty_pages_ += added;
+    if (xbzrle_) {
+        xbzrle_->on_dirty_sync();
+    }
     return added;
 }
 
@@ -162,16 +168,43 @@ Status RamSave::send_word(size_t block, size_t word, uint64_t bits)
         if (zero) {
             *counter_ += ch_->records.put_zero_page(ch_->out.w(), b.desc, offsets[i]);
             zero_++;
+            if (xbzrle_ && xbzrle_->started()) {
+                xbzrle_->zero_page(block_base_[block] + offsets[i]);
+            }
         } else if (multifd_) {
             QMIGD_TRY(multifd_->queue_page(block, offsets[i], copied ? where[i] : nullptr));
         } else {
-            *counter_ +=
-                ch_->records.put_page_header(ch_->out.w(), b.desc, offsets[i]) + TARGET_PAGE_SIZE;
-            ch_->out.w().bytes(where[i], TARGET_PAGE_SIZE);
-            normal_++;
+            QMIGD_TRY(send_page(block, offsets[i], where[i]));
         }
         QMIGD_TRY(ch_->out.maybe_flush());
     }
+    return {};
+}
+
+// A page on the main channel: its delta with xbzrle where that applies,
+// else whole (ram_save_page()).
+Status RamSave::send_page(size_t block, uint64_t offset, const uint8_t *data)
+{
+    const RamBlockDesc &d = blocks_[block].desc;
+    ByteWriter &w = ch_->out.w();
+    if (xbzrle_ && xbzrle_->started()) {
+        switch (xbzrle_->save(block_base_[block] + offset, &data)) {
+        case XbzrleSave::Outcome::Unchanged:
+            return {};
+        case XbzrleSave::Outcome::Encoded: {
+            size_t n = ch_->records.put_xbzrle_page(w, d, offset, xbzrle_->encoded(),
+                                                    xbzrle_->encoded_len());
+            xbzrle_->counters.bytes += n - 8; // QEMU leaves the header word out
+            *counter_ += n;
+            return {};
+        }
+        case XbzrleSave::Outcome::Whole:
+            break;
+        }
+    }
+    *counter_ += ch_->records.put_page_header(w, d, offset) + TARGET_PAGE_SIZE;
+    w.bytes(data, TARGET_PAGE_SIZE);
+    normal_++;
     return {};
 }
 
@@ -234,6 +267,9 @@ Status RamSave::send_dirty(bool until_done, bool *round_done,
     }
     cur_block_ = 0;
     *round_done = true;
+    if (xbzrle_) {
+        xbzrle_->start(); // from the second round on (find_dirty_block())
+    }
     return round_flush();
 }
 

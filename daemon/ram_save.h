@@ -18,6 +18,7 @@
 #include "daemon/multifd_send.h"
 #include "daemon/qemu_file_writer.h"
 #include "daemon/ram_blocks.h"
+#include "daemon/xbzrle_save.h"
 #include "protocol/savevm.h"
 #include "protocol/savevm.h"
 #include "ramstate/zero_page.h"
@@ -41,6 +42,9 @@ public:
     // header when there is one (and, with postcopy-ram, its page size
     // where that is not 4096).
     Status put_ram_layout(RamListOptions opts);
+    // xbzrle (main channel only; the monitor refuses it with multifd and
+    // mapped-ram): deltas from the second round on. Owned by the caller.
+    void set_xbzrle(XbzrleSave *x) { xbzrle_ = x; }
     // x-ignore-shared: every qmigd block is a shared memory file, so none
     // is sent (QEMU's migrate_ram_is_ignored()): no page is ever dirty.
     void ignore_all_blocks() { ignore_all_ = true; }
@@ -87,6 +91,7 @@ public:
 
 private:
     Status send_word(size_t block, size_t word, uint64_t bits);
+    Status send_page(size_t block, uint64_t offset, const uint8_t *data);
     Status send_range_on(size_t block, uint64_t offset, uint64_t len);
     Status save_word_to_file(size_t block, const uint64_t *offsets, const uint8_t **where,
                              uint32_t n);
@@ -99,6 +104,8 @@ private:
     MappedRamSave *const file_;
     std::atomic<uint64_t> *counter_ = nullptr;
     bool ignore_all_ = false;
+    XbzrleSave *xbzrle_ = nullptr;
+    std::vector<uint64_t> block_base_; // a block's first page address across all blocks
     PageChannel main_;
     PageChannel *ch_ = &main_; // where send_word() writes records
     std::vector<RamBlockDesc> descs_;

@@ -46,6 +46,21 @@ void ram_lines(std::string &s, const json &ram)
     if (u(ram, "postcopy-bytes")) {
         s += fmt::format("postcopy ram: {} kbytes\r\n", u(ram, "postcopy-bytes") >> 10);
     }
+    if (u(ram, "dirty-sync-missed-zero-copy")) {
+        s += fmt::format("Zero-copy-send fallbacks happened: {} times\r\n",
+                         u(ram, "dirty-sync-missed-zero-copy"));
+    }
+}
+
+void xbzrle_lines(std::string &s, const json &x)
+{
+    s += fmt::format("cache size: {} bytes\r\n", u(x, "cache-size"));
+    s += fmt::format("xbzrle transferred: {} kbytes\r\n", u(x, "bytes") >> 10);
+    s += fmt::format("xbzrle pages: {} pages\r\n", u(x, "pages"));
+    s += fmt::format("xbzrle cache miss: {} pages\r\n", u(x, "cache-miss"));
+    s += fmt::format("xbzrle cache miss rate: {:.2f}\r\n", x.value("cache-miss-rate", 0.0));
+    s += fmt::format("xbzrle encoding rate: {:.2f}\r\n", x.value("encoding-rate", 0.0));
+    s += fmt::format("xbzrle overflow: {}\r\n", u(x, "overflow"));
 }
 
 } // namespace
@@ -74,6 +89,9 @@ std::string hmp_format_info_migrate(const json &info)
     }
     if (info.contains("ram")) {
         ram_lines(s, info["ram"]);
+    }
+    if (info.contains("xbzrle-cache")) {
+        xbzrle_lines(s, info["xbzrle-cache"]);
     }
     if (info.contains("incoming")) {
         const json &in = info["incoming"];

@@ -75,6 +75,7 @@ private:
     Status ram_load_mem_size(uint64_t total);
     Status mapped_ram_load(size_t block, uint64_t length);
     Status load_capabilities();
+    Status load_xbzrle(size_t block, uint64_t addr);
     Status check_capabilities();
     Result<size_t> ram_block_from_stream(uint64_t flags);
     Status globalstate_load();

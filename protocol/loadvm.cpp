@@ -11,6 +11,7 @@
 #include "protocol/device_state.h"
 #include "protocol/loader.h"
 #include "protocol/wire.h"
+#include "protocol/xbzrle.h"
 
 namespace qmigd {
 
@@ -369,6 +370,31 @@ Status Loader::mapped_ram_load(size_t block, uint64_t length)
     return stream_status();
 }
 
+// load_xbzrle(): u8 encoding, be16 length, the delta; applied to the page
+// as the destination has it, in QEMU's words when it does not fit.
+Status Loader::load_xbzrle(size_t block, uint64_t addr)
+{
+    uint8_t encoding = f_->get_byte();
+    uint16_t len = f_->get_be16();
+    QMIGD_TRY(stream_status());
+    if (encoding != XBZRLE_ENCODING_FLAG) {
+        return fail("Failed to load XBZRLE page - wrong compression!");
+    }
+    if (len > TARGET_PAGE_SIZE) {
+        return fail("Failed to load XBZRLE page - len overflow!");
+    }
+    uint8_t delta[TARGET_PAGE_SIZE];
+    f_->get_buffer(delta, len);
+    QMIGD_TRY(stream_status());
+    QMIGD_TRY(h_.read_page(block, addr, page_));
+    if (xbzrle_decode(delta, len, page_, TARGET_PAGE_SIZE) < 0) {
+        return fail("Failed to load XBZRLE page - decode error!");
+    }
+    QMIGD_TRY(h_.put_page(block, addr, page_));
+    result_.xbzrle_pages++;
+    return {};
+}
+
 Status Loader::ram_load(uint8_t type)
 {
     for (;;) {
@@ -384,6 +410,15 @@ Status Loader::ram_load(uint8_t type)
             }
             QMIGD_TRY(ram_load_mem_size(addr));
             break;
+        case RAM_SAVE_FLAG_XBZRLE: {
+            auto block = ram_block_from_stream(flags);
+            QMIGD_TRY(block);
+            if (addr >= blocks_[*block].used_length) {
+                return fail(fmt::format("Illegal RAM offset {:x}", addr));
+            }
+            QMIGD_TRY(load_xbzrle(*block, addr));
+            break;
+        }
         case RAM_SAVE_FLAG_ZERO:
         case RAM_SAVE_FLAG_PAGE: {
             auto block = ram_block_from_stream(flags);

@@ -50,6 +50,14 @@ public:
     virtual ~LoadvmHandler() = default;
     // A page's 4096 bytes arrived for (block, offset).
     virtual Status put_page(size_t block, uint64_t offset, const uint8_t *data) = 0;
+    // The page's current bytes (an XBZRLE record is a delta against them).
+    virtual Status read_page(size_t block, uint64_t offset, uint8_t *out)
+    {
+        (void)block;
+        (void)offset;
+        (void)out;
+        return Error("this destination cannot read pages back");
+    }
     // The page must read as zeros afterwards.
     virtual Status zero_page(size_t block, uint64_t offset) = 0;
     // MULTIFD_FLUSH: wait until every multifd channel has delivered all
@@ -109,6 +117,7 @@ struct LoadvmResult {
     std::string runstate = "running"; // from globalstate, if sent
     uint64_t normal_pages = 0;        // PAGE records
     uint64_t zero_pages = 0;          // ZERO records
+    uint64_t xbzrle_pages = 0;        // XBZRLE records
     uint64_t flushes = 0;             // MULTIFD_FLUSH records
     // Park mode: what a resumed VM's stream must carry again.
     std::string machine_type;

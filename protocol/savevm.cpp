@@ -1,5 +1,7 @@
 #include "protocol/savevm.h"
 
+#include "protocol/xbzrle.h"
+
 #include <algorithm>
 
 namespace qmigd {
@@ -168,6 +170,16 @@ size_t RamRecordEncoder::put_page_header(ByteWriter &w, const RamBlockDesc &bloc
                                          uint64_t offset)
 {
     return put_header(w, block, offset | RAM_SAVE_FLAG_PAGE);
+}
+
+size_t RamRecordEncoder::put_xbzrle_page(ByteWriter &w, const RamBlockDesc &block,
+                                         uint64_t offset, const uint8_t *encoded, uint16_t len)
+{
+    size_t n = put_header(w, block, offset | RAM_SAVE_FLAG_XBZRLE);
+    w.u8(XBZRLE_ENCODING_FLAG);
+    w.be16(len);
+    w.bytes(encoded, len);
+    return n + 3 + len;
 }
 
 size_t RamRecordEncoder::put_zero_page(ByteWriter &w, const RamBlockDesc &block,

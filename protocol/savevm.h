@@ -62,6 +62,10 @@ public:
     // Header word (+ idstr) of a PAGE record; the caller sends the 4096
     // page bytes next. Returns bytes written.
     size_t put_page_header(ByteWriter &w, const RamBlockDesc &block, uint64_t offset);
+    // A whole XBZRLE record: the delta of a page against the copy the
+    // destination has (protocol/xbzrle.h). Returns bytes written.
+    size_t put_xbzrle_page(ByteWriter &w, const RamBlockDesc &block, uint64_t offset,
+                           const uint8_t *encoded, uint16_t len);
     // A whole ZERO record. Returns bytes written.
     size_t put_zero_page(ByteWriter &w, const RamBlockDesc &block, uint64_t offset);
     void reset() { last_block_ = nullptr; }

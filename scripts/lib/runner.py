@@ -329,7 +329,8 @@ def remove(*paths):
 class Guest:
     """A `qmigd guest` workload dirtying a RAM image (ended by pid)."""
 
-    def __init__(self, image, rate, pattern="hot", hot_set=64 << 20, seed=1, name="mem"):
+    def __init__(self, image, rate, pattern="hot", hot_set=64 << 20, seed=1, name="mem",
+                 write_bytes=4096):
         # Beside the image, except on hugetlbfs (qmigd's side-file rule).
         self.control = image + ".ctl"
         if fs_type(image) == "hugetlbfs":
@@ -338,7 +339,7 @@ class Guest:
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [QMIGD, "guest", "--ram", f"{name}={image}", "--rate", str(rate), "--pattern", pattern,
-             "--hot-set", str(hot_set), "--seed", str(seed)],
+             "--hot-set", str(hot_set), "--seed", str(seed), "--write-bytes", str(write_bytes)],
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 10
         while self.pages_written() == 0:
