@@ -168,7 +168,7 @@ class LinuxGuest(Peer):
             pass
 
 
-def boot(initrd, tag, log_dir=None, mem="512M", fill=32, timeout=BOOT_TIMEOUT):
+def boot(initrd, tag, log_dir=None, mem="512M", fill=32, timeout=BOOT_TIMEOUT, extra=None):
     """A running guest: under KVM where one comes up there (a nested KVM
     may print nothing), else under TCG; later guests (migration targets)
     use the same accelerator. Raises Unavailable when none boots."""
@@ -176,7 +176,7 @@ def boot(initrd, tag, log_dir=None, mem="512M", fill=32, timeout=BOOT_TIMEOUT):
     first = _accel[0] if _accel else _remembered_accel()
     order = [first] + [a for a in accelerators() if a != first] if first else accelerators()
     for accel in order:
-        guest = LinuxGuest("source", initrd, tag, log_dir, mem, fill=fill, accel=accel)
+        guest = LinuxGuest("source", initrd, tag, log_dir, mem, extra=extra, fill=fill, accel=accel)
         try:
             guest.wait_booted(timeout)
             _accel[:] = [accel]
