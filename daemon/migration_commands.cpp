@@ -116,6 +116,7 @@ QmpResult Daemon::cmd_migrate(const json &args)
     p.validate_uuid = config_.capability("validate-uuid");
     p.ignore_shared = config_.capability("x-ignore-shared");
     p.xbzrle = config_.capability("xbzrle");
+    p.zero_copy = config_.capability("zero-copy-send");
     p.xbzrle_cache_size = config_.xbzrle_cache_size();
     if (p.ignore_shared && parked_) {
         return qmp_error("qmigd: x-ignore-shared cannot resume a parked VM: its images stay "

@@ -75,6 +75,8 @@ struct OutgoingParams {
     bool ignore_shared = false;
     // xbzrle: deltas against a page cache of xbzrle_cache_size bytes.
     bool xbzrle = false;
+    // zero-copy-send: multifd pages go with MSG_ZEROCOPY (sockets only).
+    bool zero_copy = false;
     uint64_t xbzrle_cache_size = 64 << 20;
     // multifd-compression (multifd channels only).
     MultiFDCompressionParams compression;
@@ -106,6 +108,7 @@ struct MigrationStats {
     std::atomic<uint64_t> pages_per_second{0};
     std::atomic<double> mbps{0};
     std::atomic<unsigned> cpu_throttle_pct{0};
+    std::atomic<uint64_t> zero_copy_missed{0}; // dirty-sync-missed-zero-copy
     // xbzrle-cache (daemon/xbzrle_save.h); the rates per dirty-rate period.
     std::atomic<uint64_t> xbzrle_bytes{0};
     std::atomic<uint64_t> xbzrle_pages{0};

@@ -162,6 +162,7 @@ void MigrationThread::publish()
     // count as main channel bytes.
     s.main_bytes = out_.bytes_total() + ram_->file_bytes();
     s.multifd_bytes = multifd_ ? multifd_->bytes() : 0;
+    s.zero_copy_missed = multifd_ ? multifd_->zero_copy_missed() : 0;
     s.normal = ram_->normal_pages() + (multifd_ ? multifd_->normal_pages() : 0);
     s.zero = ram_->zero_pages() + (multifd_ ? multifd_->zero_pages() : 0);
     s.remaining_pages = ram_->dirty_pages();
@@ -224,6 +225,9 @@ Status MigrationThread::setup()
         ram_->set_xbzrle(xbzrle_.get());
     }
     if (multifd_) {
+        if (p_.zero_copy) {
+            QMIGD_TRY(multifd_->enable_zero_copy());
+        }
         multifd_->start();
     }
     ByteWriter &w = out_.w();

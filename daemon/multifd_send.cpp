@@ -273,10 +273,49 @@ Status MultiFDSend::send_packet(Channel &ch, const MultiFDJob *job, uint32_t pac
     multifd_packet_encode(header, flags, packet_num_.fetch_add(1, std::memory_order_relaxed),
                           block ? std::string_view(block->desc.idstr) : std::string_view(),
                           offsets, normal, zero, uint32_t(payload));
-    QMIGD_TRY(channel_writev(ch.fd, ch.tls.get(), iov, n));
+    // Pages read into the channel's buffer (the File path, or the main
+    // thread's copies) go as a plain send: the buffer is reused at once.
+    const uint8_t *buf = ch.data->get();
+    bool from_mapping = ch.zero_copy && normal && !ch.compressor && !pages->with_data &&
+                        std::none_of(normal_data, normal_data + normal, [&](const uint8_t *p) {
+                            return p >= buf && p < buf + MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE;
+                        });
+    if (from_mapping) {
+        QMIGD_TRY(send_zero_copy(ch, iov, n));
+    } else {
+        QMIGD_TRY(channel_writev(ch.fd, ch.tls.get(), iov, n));
+    }
     ch.bytes.fetch_add(sizeof(header) + payload, std::memory_order_relaxed);
     ch.normal.fetch_add(normal, std::memory_order_relaxed);
     ch.zero.fetch_add(zero, std::memory_order_relaxed);
+    return {};
+}
+
+Status MultiFDSend::send_zero_copy(Channel &ch, struct iovec *iov, int n)
+{
+    QMIGD_TRY(write_full(ch.fd, iov[0].iov_base, iov[0].iov_len));
+    return ch.zero_copy->writev(iov + 1, n - 1);
+}
+
+Status MultiFDSend::flush_zero_copy(Channel &ch)
+{
+    bool all_copied = false;
+    QMIGD_TRY(ch.zero_copy->flush(&all_copied));
+    if (all_copied) {
+        zero_copy_missed_.fetch_add(1, std::memory_order_relaxed);
+    }
+    return {};
+}
+
+Status MultiFDSend::enable_zero_copy()
+{
+    if (file_) {
+        return {}; // mapped-ram writes files: nothing to pin (QEMU writes them plainly too)
+    }
+    for (auto &ch : channels_) {
+        QMIGD_TRY(ZeroCopySender::enable(ch->fd));
+        ch->zero_copy = std::make_unique<ZeroCopySender>(ch->fd);
+    }
     return {};
 }
 
@@ -328,6 +367,9 @@ void MultiFDSend::channel_main(Channel &ch)
         } else {
             lk.unlock();
             st = send_packet(ch, nullptr, 0, MULTIFD_FLAG_SYNC);
+            if (st && ch.zero_copy) {
+                st = flush_zero_copy(ch); // multifd_send_sync_main()'s flush
+            }
             lk.lock();
             ch.pending_sync = false;
             ch.syncs_done++;

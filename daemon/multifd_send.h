@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/io/zero_copy.h"
 #include "daemon/mapped_ram_save.h"
 #include "daemon/ram_blocks.h"
 #include "daemon/tls/tls_session.h"
@@ -70,6 +71,9 @@ public:
                 MultiFDCompressionParams compression = {}, TlsParams tls = {});
     ~MultiFDSend();
 
+    // zero-copy-send: MSG_ZEROCOPY on every channel (daemon/io/zero_copy.h),
+    // before start(); QEMU's error where the kernel or socket cannot.
+    Status enable_zero_copy();
     // Spawns the channel threads; each sends its init message at once.
     void start();
 
@@ -98,6 +102,9 @@ public:
     uint64_t bytes() const;
     uint64_t normal_pages() const;
     uint64_t zero_pages() const;
+    // dirty-sync-missed-zero-copy: channel syncs after which every
+    // zero-copy send had been copied by the kernel all the same.
+    uint64_t zero_copy_missed() const { return zero_copy_missed_.load(std::memory_order_relaxed); }
 
 private:
     struct Channel {
@@ -120,6 +127,8 @@ private:
         // Channel thread only, with compression: the stream and its output.
         std::unique_ptr<MultiFDCompressor> compressor;
         std::unique_ptr<uint8_t[]> zbuf;
+        // Channel thread only, with zero-copy-send.
+        std::unique_ptr<ZeroCopySender> zero_copy;
         // Written by the channel thread, read by query.
         std::atomic<uint64_t> bytes{0};
         std::atomic<uint64_t> normal{0};
@@ -130,6 +139,10 @@ private:
     void channel_main(Channel &ch);
     Status channel_setup(Channel &ch);
     Status send_packet(Channel &ch, const MultiFDJob *job, uint32_t packet, uint32_t flags);
+    // The header as a plain write, then the pages with MSG_ZEROCOPY.
+    Status send_zero_copy(Channel &ch, struct iovec *iov, int n);
+    // A SYNC packet's channel: waits for its zero-copy sends to complete.
+    Status flush_zero_copy(Channel &ch);
     Status write_file_job(Channel &ch, const MultiFDJob &job);
     // Where packet `packet` of `job` finds its pages' bytes.
     Status packet_pages(Channel &ch, const MultiFDJob &job, uint32_t packet,
@@ -148,6 +161,7 @@ private:
     std::condition_variable main_cv_; // main waits here for idle/sync done
     bool quit_ = false;               // protected by mu_
     std::optional<Error> error_;      // protected by mu_
+    std::atomic<uint64_t> zero_copy_missed_{0}; // added to by the channel threads
 
     // Main thread only.
     std::unique_ptr<MultiFDJob> pending_ = std::make_unique<MultiFDJob>();

@@ -367,7 +367,7 @@ nlohmann::json OutgoingMigration::query() const
         {"precopy-bytes", s.precopy_bytes.load()},
         {"downtime-bytes", s.downtime_bytes.load()},
         {"postcopy-bytes", s.postcopy_bytes.load()},
-        {"dirty-sync-missed-zero-copy", 0},
+        {"dirty-sync-missed-zero-copy", s.zero_copy_missed.load()},
     };
     if (params_.xbzrle) {
         r["xbzrle-cache"] = {

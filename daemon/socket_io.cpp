@@ -20,7 +20,8 @@ namespace {
 
 Error errno_error(const char *what) { return Error(std::string(what) + ": " + std::strerror(errno)); }
 
-// Advances an iovec array past n consumed bytes; returns the new start.
+} // namespace
+
 struct iovec *iov_advance(struct iovec *iov, int *count, size_t n)
 {
     while (*count > 0 && n >= iov->iov_len) {
@@ -34,8 +35,6 @@ struct iovec *iov_advance(struct iovec *iov, int *count, size_t n)
     }
     return iov;
 }
-
-} // namespace
 
 ssize_t FdInputStream::read_some(void *dst, size_t n, std::string *err)
 {

@@ -90,6 +90,8 @@ Status pwrite_full(int fd, const void *buf, size_t n, uint64_t offset);
 // Exactly n bytes from a file offset; the end of the file first is an error.
 Status pread_full(int fd, void *buf, size_t n, uint64_t offset);
 Status preadv_full(int fd, struct iovec *iov, int count, uint64_t offset);
+// Advances an iovec array past n consumed bytes; returns the new start.
+struct iovec *iov_advance(struct iovec *iov, int *count, size_t n);
 // Adds [p, p + len) to iov[0..*n), growing the last iovec when p follows
 // it (consecutive pages of a mapping go out as one).
 inline void iov_append(struct iovec *iov, int *n, const void *p, size_t len)

@@ -283,5 +283,46 @@ def test_x_ignore_shared_checks():
         remove(path)
 
 
+def zero_copy_cell(src_kind, dst_kind):
+    def fn():
+        """multifd with zero-copy-send: byte-identical; over loopback the
+        kernel copies every send after all, which the source counts."""
+        with images(SIZE, "mixed") as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
+            for p in (s, d):
+                caps(p, multifd=True)
+            caps(s, zero_copy_send=True)
+            start(s, d)
+            si, _ = finish(s, d, imgs)
+            missed = si["ram"]["dirty-sync-missed-zero-copy"]
+            check(0 < missed <= 2 * si["ram"]["dirty-sync-count"] + 2, si["ram"])
+            if src_kind == "qmigd":
+                check("Zero-copy-send fallbacks happened: " in s.qmp.hmp("info migrate"), "hmp")
+    fn.__name__ = f"test_zero_copy_send_{src_kind}_to_{dst_kind}"
+    test(fn)
+
+
+for src_kind, dst_kind in DIRECTIONS:
+    zero_copy_cell(src_kind, dst_kind)
+
+
+@test
+def test_zero_copy_send_refused_on_unix_sockets():
+    """A unix socket cannot send with MSG_ZEROCOPY: the migration fails
+    in QEMU's words, and the source can migrate again."""
+    words = []
+    for src_kind in ("qemu", "qmigd"):
+        with images(SIZE, "mixed") as imgs, peers(src_kind, "qmigd", imgs) as (s, d):
+            for p in (s, d):
+                caps(p, multifd=True)
+            caps(s, zero_copy_send=True)
+            path = f"/tmp/{unique_name('zc')}.sock"
+            d.qmp.cmd("migrate-incoming", uri=f"unix:{path}")
+            s.qmp.cmd("migrate", uri=f"unix:{path}")
+            info = wait_status(s, ("failed",), 30, fail_on=("completed",))
+            words.append(info.get("error-desc"))
+            remove(path)
+    check(words[0] == words[1] == "Zero copy send feature not detected in host kernel", words)
+
+
 if __name__ == "__main__":
     main()
