@@ -174,6 +174,7 @@ Result<ParkedVm> IncomingMigration::park_finish(LoadvmResult &result)
         vm.blocks.push_back({d.idstr, d.used_length});
     }
     vm.device_state = std::move(result.device_state);
+    vm.iterable_state = std::move(result.iterable_state);
     // Durable before the record names them: the record is the commit.
     for (const auto &b : blocks_) {
         QMIGD_TRY(b.image->sync());

@@ -16,6 +16,7 @@
 #include "daemon/ram_save.h"
 #include "daemon/tls/tls_session.h"
 #include "daemon/xbzrle_save.h"
+#include "protocol/iterable_state.h"
 #include "protocol/postcopy.h"
 #include "protocol/return_path.h"
 #include "protocol/savevm.h"
@@ -268,7 +269,24 @@ Status MigrationThread::setup()
     QMIGD_TRY(ram_->round_flush());
     ram_put_flag(w, RAM_SAVE_FLAG_EOS);
     savevm_put_footer(w, ram_section_id());
+    put_iterable_sections(w, true);
     return out_.flush();
+}
+
+// A parked VM's iterable sections other than RAM's (its disks' dirty
+// bitmaps), where QEMU's handler order puts them: the START ones after
+// RAM's setup, the PART and END ones after RAM's end.
+void MigrationThread::put_iterable_sections(ByteWriter &w, bool setup)
+{
+    if (!p_.parked || p_.parked->iterable_state.empty()) {
+        return;
+    }
+    auto sections = iterable_state_split(p_.parked->iterable_state); // checked when read
+    for (const auto &s : sections ? *sections : std::vector<IterableSection>{}) {
+        if ((s.type == QEMU_VM_SECTION_START) == setup) {
+            w.bytes(s.bytes.data(), s.bytes.size());
+        }
+    }
 }
 
 // Sends dirty pages from the cursor (ram_save.h); a slice ends after
@@ -482,6 +500,7 @@ Status MigrationThread::complete()
     QMIGD_TRY(ram_->write_file_bitmaps());
     ram_put_flag(w, RAM_SAVE_FLAG_EOS);
     savevm_put_footer(w, ram_section_id());
+    put_iterable_sections(w, false);
     put_device_state(w, running, true);
     QMIGD_TRY(out_.flush());
     shared_.stats.downtime_ms = ms_since(stop_time);

@@ -79,6 +79,7 @@ private:
     // EOF and the VM description, as precopy ends. Postcopy packages them
     // without.
     void put_device_state(ByteWriter &w, bool running, bool eof);
+    void put_iterable_sections(ByteWriter &w, bool setup);
     // Postcopy (postcopy_source.cpp).
     bool postcopy_requested() const;
     Status postcopy_start();

@@ -176,6 +176,7 @@ Status MigrationThread::postcopy_complete()
     ram_put_flag(w, RAM_SAVE_FLAG_EOS);
     shared_.stats.postcopy_bytes += 8;
     savevm_put_footer(w, ram_section_id());
+    put_iterable_sections(w, false);
     w.u8(QEMU_VM_EOF);
     QMIGD_TRY(out_.flush());
     spdlog::info("migration: postcopy sent every page ({} requested by the destination)",

@@ -14,7 +14,7 @@
 
 namespace qmigd {
 
-enum class SectionKind { Ram, Timer, GlobalState };
+enum class SectionKind { Ram, Timer, GlobalState, DirtyBitmap };
 
 struct SectionInfo {
     SectionKind kind;
@@ -76,6 +76,10 @@ private:
     Status mapped_ram_load(size_t block, uint64_t length);
     Status load_capabilities();
     Status load_xbzrle(size_t block, uint64_t addr);
+    // A non-RAM iterable section's body (dirty-bitmap), kept as it came
+    // when parking.
+    Status load_iterable(uint8_t type, uint32_t id, const SectionInfo &s, uint32_t instance,
+                         uint32_t version);
     Status check_capabilities();
     Result<size_t> ram_block_from_stream(uint64_t flags);
     Status globalstate_load();

@@ -9,6 +9,9 @@
 #include <fmt/format.h>
 
 #include "protocol/device_state.h"
+#include "protocol/dirty_bitmap_section.h"
+#include "protocol/iterable_state.h"
+#include "protocol/savevm.h"
 #include "protocol/loader.h"
 #include "protocol/wire.h"
 #include "protocol/xbzrle.h"
@@ -154,6 +157,9 @@ Status Loader::load_section_start(uint8_t type)
     } else if (idstr == "globalstate" && instance == 0) {
         kind = SectionKind::GlobalState;
         max_version = GLOBALSTATE_SECTION_VERSION;
+    } else if (idstr == DIRTY_BITMAP_SECTION && instance == 0) {
+        kind = SectionKind::DirtyBitmap;
+        max_version = DIRTY_BITMAP_SECTION_VERSION;
     } else {
         return fail(fmt::format("Unknown savevm section or instance '{}' {}. Make sure that "
                                 "your current VM setup matches your saved VM setup, "
@@ -164,10 +170,11 @@ Status Loader::load_section_start(uint8_t type)
         return fail(fmt::format("savevm: unsupported version {} for '{}' v{}", version, wire_text(idstr),
                                 max_version));
     }
-    if (kind == SectionKind::Ram && type != QEMU_VM_SECTION_START) {
-        return fail("ram must be sent as START/PART/END sections");
+    bool iterable = kind == SectionKind::Ram || kind == SectionKind::DirtyBitmap;
+    if (iterable && type != QEMU_VM_SECTION_START) {
+        return fail(fmt::format("{} must be sent as START/PART/END sections", wire_text(idstr)));
     }
-    if (kind != SectionKind::Ram && type != QEMU_VM_SECTION_FULL) {
+    if (!iterable && type != QEMU_VM_SECTION_FULL) {
         return fail(fmt::format("{} must be sent as a FULL section", wire_text(idstr)));
     }
     if (sections_.count(id) == 0 && sections_.size() >= kMaxSections) {
@@ -177,6 +184,9 @@ Status Loader::load_section_start(uint8_t type)
         result_.ram_section_id = id;
     }
     sections_[id] = SectionInfo{kind, idstr};
+    if (kind == SectionKind::DirtyBitmap) {
+        return load_iterable(type, id, sections_[id], instance, version);
+    }
     QMIGD_TRY(load_body(sections_[id], type));
     return check_footer(id, sections_[id]);
 }
@@ -189,12 +199,37 @@ Status Loader::load_section_part(uint8_t type)
     if (it == sections_.end()) {
         return fail(fmt::format("Unknown savevm section {}", id));
     }
+    if (it->second.kind == SectionKind::DirtyBitmap) {
+        return load_iterable(type, id, it->second, 0, 0);
+    }
     if (it->second.kind != SectionKind::Ram) {
         return fail(fmt::format("Unexpected PART/END for section '{}'", wire_text(it->second.idstr)));
     }
     QMIGD_TRY(load_body(it->second, type));
     QMIGD_TRY(check_footer(id, it->second));
     ram_ended_ = ram_ended_ || type == QEMU_VM_SECTION_END;
+    return {};
+}
+
+// qmigd has no disks: a dirty-bitmap section is read to its end and, when
+// parking, kept whole (its header and footer rebuilt as they came) for the
+// stream that resumes the VM.
+Status Loader::load_iterable(uint8_t type, uint32_t id, const SectionInfo &s,
+                             uint32_t instance, uint32_t version)
+{
+    std::vector<uint8_t> section;
+    ByteWriter w(section);
+    if (type == QEMU_VM_SECTION_START) {
+        savevm_put_section_header(w, type, id, s.idstr, instance, version);
+    } else {
+        savevm_put_section_continue(w, type, id);
+    }
+    QMIGD_TRY(dirty_bitmap_section_read(*f_, cfg_.park ? &section : nullptr));
+    QMIGD_TRY(check_footer(id, s));
+    if (cfg_.park) {
+        savevm_put_footer(w, id);
+        QMIGD_TRY(iterable_state_append(result_.iterable_state, section));
+    }
     return {};
 }
 
@@ -208,6 +243,8 @@ Status Loader::load_body(const SectionInfo &s, uint8_t type)
         return stream_status();
     case SectionKind::GlobalState:
         return globalstate_load();
+    case SectionKind::DirtyBitmap:
+        break; // load_iterable()
     }
     return fail("unreachable section kind");
 }

@@ -124,6 +124,9 @@ struct LoadvmResult {
     std::optional<Uuid> uuid;    // configuration/uuid, if sent
     uint32_t ram_section_id = 0; // the ram section's id in the source's numbering
     std::vector<uint8_t> device_state; // first FULL section .. VM description
+    // Iterable sections other than RAM's (dirty-bitmap), whole, in stream
+    // order, each behind a be32 length (protocol/iterable_state.h).
+    std::vector<uint8_t> iterable_state;
     bool postcopy = false; // the source switched to postcopy (RUN was read)
 };
 

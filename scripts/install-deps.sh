@@ -49,4 +49,12 @@ if ! qemu_ok; then
         -t bookworm-backports qemu-system-x86 >/dev/null
     qemu_ok || { echo "install-deps: QEMU >= 10 not available" >&2; exit 1; }
 fi
+# qemu-img (qemu-utils, the same version): test_capabilities.py makes a
+# qcow2 disk carrying a dirty bitmap.
+if ! command -v qemu-img >/dev/null 2>&1; then
+    apt_update
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+        -t bookworm-backports qemu-utils >/dev/null \
+        || echo "install-deps: qemu-utils not installed: the dirty-bitmap test will skip" >&2
+fi
 echo "install-deps: ok ($(qemu-system-x86_64 --version | head -1))"

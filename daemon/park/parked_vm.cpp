@@ -13,6 +13,7 @@
 
 #include "daemon/socket_io.h"
 #include "protocol/device_state.h"
+#include "protocol/iterable_state.h"
 
 namespace qmigd {
 
@@ -23,6 +24,7 @@ constexpr int kVersion = 1;
 
 std::string record_path(const std::string &dir) { return dir + "/vm.json"; }
 std::string device_state_path(const std::string &dir) { return dir + "/device-state.bin"; }
+std::string iterable_state_path(const std::string &dir) { return dir + "/iterable-state.bin"; }
 
 Error file_error(const char *what, const std::string &path, int err)
 {
@@ -132,6 +134,13 @@ Result<ParkedVm> parse_members(const std::string &dir, const json &j)
         }
         vm.blocks.push_back({id, size});
     }
+    if (j.contains("iterable-state-bytes")) {
+        if (!is_uint(j["iterable-state-bytes"]) ||
+            j["iterable-state-bytes"].get<uint64_t>() > kMaxIterableState) {
+            return bad("'iterable-state-bytes' must be a number of at most 64 MiB");
+        }
+        vm.iterable_state.resize(j["iterable-state-bytes"].get<size_t>());
+    }
     if (j.contains("device-state-bytes")) {
         if (!is_uint(j["device-state-bytes"])) {
             return bad("'device-state-bytes' must be a number");
@@ -216,6 +225,10 @@ Status parked_dir_sync(const std::string &dir)
 
 Status parked_vm_write(const ParkedVm &vm)
 {
+    if (!vm.iterable_state.empty()) {
+        QMIGD_TRY(write_file(iterable_state_path(vm.dir), vm.iterable_state.data(),
+                             vm.iterable_state.size()));
+    }
     QMIGD_TRY(write_file(device_state_path(vm.dir), vm.device_state.data(),
                          vm.device_state.size()));
     // The images' and the device state's names are durable before the
@@ -229,6 +242,9 @@ Status parked_vm_write(const ParkedVm &vm)
     if (vm.uuid) {
         j["uuid"] = uuid_to_string(*vm.uuid);
     }
+    if (!vm.iterable_state.empty()) {
+        j["iterable-state-bytes"] = vm.iterable_state.size();
+    }
     j["blocks"] = nlohmann::json::array();
     for (size_t i = 0; i < vm.blocks.size(); i++) {
         const ParkedBlock &b = vm.blocks[i];
@@ -239,6 +255,28 @@ Status parked_vm_write(const ParkedVm &vm)
     std::string text = j.dump(1) + "\n";
     QMIGD_TRY(write_file(record_path(vm.dir), text.data(), text.size()));
     return parked_dir_sync(vm.dir);
+}
+
+// iterable-state.bin, when the record names one: of the size it says, and
+// whole sections only.
+static Status read_iterable_state(ParkedVm &vm)
+{
+    size_t recorded = vm.iterable_state.size();
+    if (recorded == 0) {
+        return {};
+    }
+    auto bytes = read_file(iterable_state_path(vm.dir), kMaxIterableState);
+    QMIGD_TRY(bytes);
+    vm.iterable_state.assign(bytes->begin(), bytes->end());
+    if (vm.iterable_state.size() != recorded) {
+        return Error(fmt::format("parked VM '{}': iterable state is {} bytes, the record says {}",
+                                 vm.dir, vm.iterable_state.size(), recorded));
+    }
+    auto split = iterable_state_split(vm.iterable_state);
+    if (!split) {
+        return Error(split.error()).prepend(fmt::format("parked VM '{}': ", vm.dir));
+    }
+    return {};
 }
 
 Result<ParkedVm> parked_vm_read(const std::string &dir)
@@ -278,6 +316,7 @@ Result<ParkedVm> parked_vm_read(const std::string &dir)
         return Error(fmt::format("parked VM '{}': device state is {} bytes, the record says {}",
                                  dir, vm->device_state_bytes, recorded));
     }
+    QMIGD_TRY(read_iterable_state(*vm));
     return vm;
 }
 

@@ -7,6 +7,9 @@
 //                          them), IDSTR with anything but [A-Za-z0-9._-] as _
 //   DIR/device-state.bin   every device section, QEMU_VM_EOF and the VM
 //                          description, as they came (protocol/device_state.h)
+//   DIR/iterable-state.bin the iterable sections that are not RAM's (block
+//                          dirty bitmaps), when the stream had any
+//                          (protocol/iterable_state.h)
 //
 // vm.json is written last, through a temporary name, after the images and
 // the device state are on stable storage: a directory with a vm.json holds
@@ -42,6 +45,9 @@ struct ParkedVm {
     // Of which the device sections, before QEMU_VM_EOF: what a postcopy
     // resume packages (set when the device state is read back).
     size_t device_sections_bytes = 0;
+    // Iterable sections other than RAM's, framed (protocol/iterable_state.h);
+    // empty for most VMs, and then no file is written.
+    std::vector<uint8_t> iterable_state;
 };
 
 // NN-IDSTR.img for the index-th block, and the same in DIR.

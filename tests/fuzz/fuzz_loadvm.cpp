@@ -1,5 +1,6 @@
 // libFuzzer target: arbitrary bytes as a main channel (plain, postcopy,
-// multifd, mapped-ram and park configurations) and as a multifd packet
+// multifd, mapped-ram, x-ignore-shared and park configurations; XBZRLE
+// records and dirty-bitmap sections included) and as a multifd packet
 // header. The decoders must reject
 // or accept without touching memory outside what they validated.
 #include <cstdint>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "protocol/device_state.h"
+#include "protocol/iterable_state.h"
 #include "protocol/loadvm.h"
 #include "protocol/multifd_packet.h"
 
@@ -116,12 +118,13 @@ struct ParkRam : LoadvmHandler {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    for (int mode : {0, 1, 2, 3}) { // plain, multifd, mapped-ram, postcopy
+    for (int mode : {0, 1, 2, 3, 4}) { // plain, multifd, mapped-ram, postcopy, ignore-shared
         LoadvmConfig cfg;
         cfg.blocks = {{"mem", kBlockSize}};
         cfg.multifd = mode == 1;
         cfg.mapped_ram = mode == 2;
         cfg.postcopy_ram = mode == 3;
+        cfg.ignore_shared = mode == 4;
         MemoryInputStream in(data, size);
         QEMUFileReader f(in, 256);
         BoundedRam ram;
@@ -139,6 +142,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         auto r = qemu_loadvm_state(f, cfg, ram);
         if (r.ok() && !device_state_check(r->device_state).ok()) {
             __builtin_trap(); // parked a device state that is not whole
+        }
+        if (r.ok() && !iterable_state_split(r->iterable_state).ok()) {
+            __builtin_trap(); // kept iterable sections it could not read back
         }
     }
     if (size >= MULTIFD_PACKET_HEADER_SIZE) {
