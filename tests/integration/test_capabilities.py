@@ -103,6 +103,35 @@ def test_refusals_in_qemus_words():
                 m.stop()
 
 
+NEEDS = {"switchover-ack": "return-path", "zero-copy-send": "multifd",
+         "postcopy-preempt": "postcopy-ram"}
+
+
+@test
+def test_readme_table_matches_the_daemon():
+    """README's capability table lists query-migrate-capabilities' names in
+    its order; the ones it says are refused are, the rest are taken."""
+    import os
+    import re
+    readme = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+    text = open(readme).read().split("### Capabilities", 1)[1].split("\n### ", 1)[0]
+    rows = re.findall(r"^\| `([a-z-]+)` \| (.*) \|$", text, re.M)
+    with images(SIZE, "zero") as imgs:
+        m = Peer("qmigd", "source", [(n, s, z) for n, s, _, z in imgs], "caps-readme")
+        try:
+            listed = [c["capability"] for c in m.qmp.cmd("query-migrate-capabilities")]
+            check([name for name, _ in rows] == listed, f"README {rows} vs {listed}")
+            for name, what in rows:
+                want = [name] + ([NEEDS[name]] if name in NEEDS else [])
+                e = error_of(lambda: m.qmp.cmd("migrate-set-capabilities", capabilities=[
+                    {"capability": c, "state": True} for c in want]))
+                check(what.startswith("refused") == bool(e), f"{name}: README {what!r}, daemon {e!r}")
+                m.qmp.cmd("migrate-set-capabilities", capabilities=[
+                    {"capability": c, "state": False} for c in reversed(want)])
+        finally:
+            m.stop()
+
+
 def pause_cell(src_kind, dst_kind):
     def fn():
         with images(SIZE, "mixed") as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
