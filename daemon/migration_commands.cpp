@@ -55,13 +55,8 @@ QmpResult Daemon::cmd_migrate(const json &args)
         return *e;
     }
     auto addr = migrate_address(args, false);
-    if (!addr) {
-        return qmp_error(addr.error().message());
-    }
-    if (auto st = check_transport_for_multifd(*addr, config_.capability("multifd"),
-                                              config_.capability("mapped-ram"));
-        !st) {
-        return qmp_error(st.error().message());
+    if (auto e = check_address(addr)) {
+        return *e;
     }
     if (args.value("resume", false)) {
         // migrate_prepare(): only a paused postcopy resumes.
@@ -135,15 +130,25 @@ QmpResult Daemon::cmd_migrate(const json &args)
     return json::object();
 }
 
-QmpResult Daemon::start_incoming(const Result<MigrationAddress> &addr)
+// The address parsed, and a transport that takes the multifd and
+// mapped-ram configuration.
+std::optional<QmpError> Daemon::check_address(const Result<MigrationAddress> &addr) const
 {
     if (!addr) {
-        return qmp_error(addr.error().message());
+        return QmpError{"GenericError", addr.error().message()};
     }
     if (auto st = check_transport_for_multifd(*addr, config_.capability("multifd"),
                                               config_.capability("mapped-ram"));
         !st) {
-        return qmp_error(st.error().message());
+        return QmpError{"GenericError", st.error().message()};
+    }
+    return std::nullopt;
+}
+
+QmpResult Daemon::start_incoming(const Result<MigrationAddress> &addr)
+{
+    if (auto e = check_address(addr)) {
+        return *e;
     }
     IncomingParams p;
     p.multifd = config_.capability("multifd");

@@ -46,6 +46,19 @@ def finish(src, dst, imgs):
     return si, di
 
 
+def each_direction(name):
+    """Registers test_NAME_SRC_to_DST for each direction: fn(src_kind, dst_kind)."""
+    def register(body):
+        for src_kind, dst_kind in DIRECTIONS:
+            def fn(src_kind=src_kind, dst_kind=dst_kind):
+                body(src_kind, dst_kind)
+            fn.__name__ = f"test_{name}_{src_kind}_to_{dst_kind}"
+            fn.__doc__ = body.__doc__
+            test(fn)
+        return body
+    return register
+
+
 def statuses(peer):
     return [e["data"]["status"] for e in peer.qmp.poll_events()
             if e.get("event") == "MIGRATION"]
@@ -132,28 +145,22 @@ def test_readme_table_matches_the_daemon():
             m.stop()
 
 
+@each_direction("pause_before_switchover")
 def pause_cell(src_kind, dst_kind):
-    def fn():
-        with images(SIZE, "mixed") as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
-            caps(s, events=True, pause_before_switchover=True)
-            start(s, d)
-            wait_status(s, ("pre-switchover",), 30)
-            check(s.qmp.cmd("query-status")["status"] == "finish-migrate", "the VM runs")
-            e = error_of(lambda: s.qmp.cmd("migrate-continue", state="active"))
-            check(e == "Migration not in expected state: pre-switchover", e)
-            time.sleep(0.5)  # it stays there until told
-            check(s.status()["status"] == "pre-switchover", s.status())
-            check(d.status()["status"] == "active", d.status())
-            s.qmp.cmd("migrate-continue", state="pre-switchover")
-            finish(s, d, imgs)
-            seq = statuses(s)
-            check(seq[-3:] == ["pre-switchover", "device", "completed"], seq)
-    fn.__name__ = f"test_pause_before_switchover_{src_kind}_to_{dst_kind}"
-    test(fn)
-
-
-for src_kind, dst_kind in DIRECTIONS:
-    pause_cell(src_kind, dst_kind)
+    with images(SIZE, "mixed") as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
+        caps(s, events=True, pause_before_switchover=True)
+        start(s, d)
+        wait_status(s, ("pre-switchover",), 30)
+        check(s.qmp.cmd("query-status")["status"] == "finish-migrate", "the VM runs")
+        e = error_of(lambda: s.qmp.cmd("migrate-continue", state="active"))
+        check(e == "Migration not in expected state: pre-switchover", e)
+        time.sleep(0.5)  # it stays there until told
+        check(s.status()["status"] == "pre-switchover", s.status())
+        check(d.status()["status"] == "active", d.status())
+        s.qmp.cmd("migrate-continue", state="pre-switchover")
+        finish(s, d, imgs)
+        seq = statuses(s)
+        check(seq[-3:] == ["pre-switchover", "device", "completed"], seq)
 
 
 @test
@@ -179,23 +186,17 @@ def test_cancel_in_pre_switchover():
                 d2.stop()
 
 
+@each_direction("switchover_ack")
 def ack_cell(src_kind, dst_kind):
-    def fn():
-        with images(SIZE, "mixed") as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
-            for p in (s, d):
-                caps(p, return_path=True, switchover_ack=True)
-            start(s, d)
-            finish(s, d, imgs)
-            if src_kind == "qmigd":
-                check("acknowledges the switchover" in s.log_text(), "no ack heard")
-            if dst_kind == "qmigd":
-                check("switchover acknowledged" in d.log_text(), "no ack sent")
-    fn.__name__ = f"test_switchover_ack_{src_kind}_to_{dst_kind}"
-    test(fn)
-
-
-for src_kind, dst_kind in DIRECTIONS:
-    ack_cell(src_kind, dst_kind)
+    with images(SIZE, "mixed") as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
+        for p in (s, d):
+            caps(p, return_path=True, switchover_ack=True)
+        start(s, d)
+        finish(s, d, imgs)
+        if src_kind == "qmigd":
+            check("acknowledges the switchover" in s.log_text(), "no ack heard")
+        if dst_kind == "qmigd":
+            check("switchover acknowledged" in d.log_text(), "no ack sent")
 
 
 @test
@@ -218,35 +219,29 @@ def test_no_switchover_without_the_ack():
             finish(s, d, imgs)
 
 
+@each_direction("validate_uuid")
 def uuid_cell(src_kind, dst_kind):
-    def fn():
-        a, b = "6a3c0b0e-1d2f-4b5c-9e8f-0123456789ab", "6a3c0b0e-1d2f-4b5c-9e8f-ffffffffffff"
+    a, b = "6a3c0b0e-1d2f-4b5c-9e8f-0123456789ab", "6a3c0b0e-1d2f-4b5c-9e8f-ffffffffffff"
 
-        def uuid_arg(kind, u):
-            return ["-uuid", u] if kind == "qemu" else ["--uuid", u]
-        # Same UUID: completes. Another one: the destination refuses it.
-        for dst_uuid, ok in ((a, True), (b, False)):
-            with images(SIZE, "mixed") as imgs, \
-                    peers(src_kind, dst_kind, imgs, uuid_arg(src_kind, a),
-                          uuid_arg(dst_kind, dst_uuid)) as (s, d):
-                caps(s, validate_uuid=True)
-                start(s, d, exit_on_error=False)
-                if ok:
-                    finish(s, d, imgs)
-                    continue
-                wait_status(s, ("failed", "completed"), 30, fail_on=())
-                info = wait_status(d, ("failed",), 30, fail_on=())
-                if dst_kind == "qmigd":
-                    check(f"UUID received is {a} and local is {b}" in info.get("error-desc", ""),
-                          info)
-                else:
-                    check(f"UUID received is {a} and local is {b}" in d.log_text(), d.log_text())
-    fn.__name__ = f"test_validate_uuid_{src_kind}_to_{dst_kind}"
-    test(fn)
-
-
-for src_kind, dst_kind in DIRECTIONS:
-    uuid_cell(src_kind, dst_kind)
+    def uuid_arg(kind, u):
+        return ["-uuid", u] if kind == "qemu" else ["--uuid", u]
+    # Same UUID: completes. Another one: the destination refuses it.
+    for dst_uuid, ok in ((a, True), (b, False)):
+        with images(SIZE, "mixed") as imgs, \
+                peers(src_kind, dst_kind, imgs, uuid_arg(src_kind, a),
+                      uuid_arg(dst_kind, dst_uuid)) as (s, d):
+            caps(s, validate_uuid=True)
+            start(s, d, exit_on_error=False)
+            if ok:
+                finish(s, d, imgs)
+                continue
+            wait_status(s, ("failed", "completed"), 30, fail_on=())
+            info = wait_status(d, ("failed",), 30, fail_on=())
+            if dst_kind == "qmigd":
+                check(f"UUID received is {a} and local is {b}" in info.get("error-desc", ""),
+                      info)
+            else:
+                check(f"UUID received is {a} and local is {b}" in d.log_text(), d.log_text())
 
 
 def digest(path):
@@ -254,35 +249,29 @@ def digest(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
+@each_direction("x_ignore_shared")
 def ignore_shared_cell(src_kind, dst_kind):
-    def fn():
-        """Both ends map the same file: no page crosses, the image is
-        unchanged, and a few KiB make the whole stream."""
-        path = f"/dev/shm/{unique_name('shared')}.ram"
-        make_image(path, SIZE, "mixed")
-        before = digest(path)
-        ram = [("mem", path, SIZE)]
-        s = Peer(src_kind, "source", ram, "ish-src")
-        d = Peer(dst_kind, "dest", ram, "ish-dst")
-        try:
-            for p in (s, d):
-                caps(p, x_ignore_shared=True)
-            start(s, d)
-            si = wait_status(s, ("completed",), 30)
-            wait_status(d, ("completed",), 30)
-            check(si["ram"]["transferred"] < 64 * 1024, si["ram"])
-            check(si["ram"]["normal"] == 0, si["ram"])
-            check(digest(path) == before, "the shared image changed")
-        finally:
-            s.stop()
-            d.stop()
-            remove(path)
-    fn.__name__ = f"test_x_ignore_shared_{src_kind}_to_{dst_kind}"
-    test(fn)
-
-
-for src_kind, dst_kind in DIRECTIONS:
-    ignore_shared_cell(src_kind, dst_kind)
+    """Both ends map the same file: no page crosses, the image is
+    unchanged, and a few KiB make the whole stream."""
+    path = f"/dev/shm/{unique_name('shared')}.ram"
+    make_image(path, SIZE, "mixed")
+    before = digest(path)
+    ram = [("mem", path, SIZE)]
+    s = Peer(src_kind, "source", ram, "ish-src")
+    d = Peer(dst_kind, "dest", ram, "ish-dst")
+    try:
+        for p in (s, d):
+            caps(p, x_ignore_shared=True)
+        start(s, d)
+        si = wait_status(s, ("completed",), 30)
+        wait_status(d, ("completed",), 30)
+        check(si["ram"]["transferred"] < 64 * 1024, si["ram"])
+        check(si["ram"]["normal"] == 0, si["ram"])
+        check(digest(path) == before, "the shared image changed")
+    finally:
+        s.stop()
+        d.stop()
+        remove(path)
 
 
 @test
@@ -312,26 +301,20 @@ def test_x_ignore_shared_checks():
         remove(path)
 
 
+@each_direction("zero_copy_send")
 def zero_copy_cell(src_kind, dst_kind):
-    def fn():
-        """multifd with zero-copy-send: byte-identical; over loopback the
-        kernel copies every send after all, which the source counts."""
-        with images(SIZE, "mixed") as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
-            for p in (s, d):
-                caps(p, multifd=True)
-            caps(s, zero_copy_send=True)
-            start(s, d)
-            si, _ = finish(s, d, imgs)
-            missed = si["ram"]["dirty-sync-missed-zero-copy"]
-            check(0 < missed <= 2 * si["ram"]["dirty-sync-count"] + 2, si["ram"])
-            if src_kind == "qmigd":
-                check("Zero-copy-send fallbacks happened: " in s.qmp.hmp("info migrate"), "hmp")
-    fn.__name__ = f"test_zero_copy_send_{src_kind}_to_{dst_kind}"
-    test(fn)
-
-
-for src_kind, dst_kind in DIRECTIONS:
-    zero_copy_cell(src_kind, dst_kind)
+    """multifd with zero-copy-send: byte-identical; over loopback the
+    kernel copies every send after all, which the source counts."""
+    with images(SIZE, "mixed") as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
+        for p in (s, d):
+            caps(p, multifd=True)
+        caps(s, zero_copy_send=True)
+        start(s, d)
+        si, _ = finish(s, d, imgs)
+        missed = si["ram"]["dirty-sync-missed-zero-copy"]
+        check(0 < missed <= 2 * si["ram"]["dirty-sync-count"] + 2, si["ram"])
+        if src_kind == "qmigd":
+            check("Zero-copy-send fallbacks happened: " in s.qmp.hmp("info migrate"), "hmp")
 
 
 @test
