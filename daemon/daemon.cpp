@@ -2,6 +2,8 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -33,6 +35,8 @@ MigrationStatus Daemon::migration_status() const
 
 void Daemon::on_migration_status(MigrationStatus s)
 {
+    notify_status(s);
+    keep_last_migration(s);
     if (opts_.role == Role::Source) {
         // The VM stops before pre-switchover (pause-before-switchover) or
         // device, once.
@@ -212,6 +216,15 @@ void Daemon::shutdown()
     }
     shutting_down_ = true;
     spdlog::info("shutting down");
+    if (notify_) {
+        notify_->send("STOPPING=1");
+    }
+    if (watchdog_on_) {
+        uv_close(reinterpret_cast<uv_handle_t *>(&watchdog_), nullptr);
+    }
+    if (metrics_) {
+        metrics_->stop();
+    }
     qmp_->emit_event("SHUTDOWN", {{"guest", false}, {"reason", "host-qmp-quit"}});
     if (outgoing_) {
         outgoing_->cancel();
@@ -223,8 +236,20 @@ void Daemon::shutdown()
     uv_stop(&loop_);
 }
 
+// STATUS= for `systemctl status`: the role and the migration's state.
+void Daemon::notify_status(MigrationStatus s)
+{
+    if (notify_) {
+        notify_->send(fmt::format("STATUS={}: migration {}",
+                                  opts_.role == Role::Source ? "source" : "destination",
+                                  migration_status_name(s)));
+    }
+}
+
 Status Daemon::run()
 {
+    // Before anything can start a command (exec:): it must not inherit it.
+    notify_ = ServiceNotifier::from_environment();
     Status st = start();
     if (!st) {
         // Close what start() opened, so ~Daemon's uv_run() returns.
@@ -240,8 +265,32 @@ Status Daemon::run()
     }
     spdlog::info("qmigd {} ready, QMP on {}",
                  opts_.role == Role::Source ? "source" : "destination", opts_.qmp_path);
+    if (notify_) {
+        notify_->send("READY=1");
+        notify_status(migration_status());
+        start_watchdog();
+    }
     uv_run(&loop_, UV_RUN_DEFAULT);
     return {};
+}
+
+// WATCHDOG=1 at half the manager's interval, from the loop: a loop that
+// stops turning stops the pings and the manager restarts the service.
+void Daemon::start_watchdog()
+{
+    uint64_t usec = notify_->watchdog_usec();
+    if (usec == 0) {
+        return;
+    }
+    uint64_t ms = std::max<uint64_t>(1, usec / 2000);
+    uv_timer_init(&loop_, &watchdog_);
+    watchdog_.data = this;
+    uv_timer_start(
+        &watchdog_,
+        [](uv_timer_t *t) { static_cast<Daemon *>(t->data)->notify_->send("WATCHDOG=1"); }, 0,
+        ms);
+    watchdog_on_ = true;
+    spdlog::info("service watchdog: a ping every {} ms", ms);
 }
 
 // --ram, or --ram-dir: a destination parks there (its blocks come with the
@@ -317,6 +366,7 @@ Status Daemon::start()
     }
     register_commands();
     QMIGD_TRY(qmp_->listen(opts_.qmp_path));
+    QMIGD_TRY(start_metrics());
     if (opts_.role == Role::Destination && opts_.incoming != "defer") {
         auto r = start_incoming(parse_migration_uri(opts_.incoming));
         if (auto *e = std::get_if<QmpError>(&r)) {

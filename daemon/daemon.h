@@ -9,6 +9,8 @@
 #include <uv.h>
 
 #include "daemon/incoming.h"
+#include "daemon/service/metrics_server.h"
+#include "daemon/service/service_notify.h"
 #include "daemon/loop_dispatcher.h"
 #include "daemon/outgoing.h"
 #include "daemon/park/parked_vm.h"
@@ -28,6 +30,7 @@ struct DaemonOptions {
     // A parked VM's directory instead of --ram (daemon/park/parked_vm.h).
     std::string ram_dir;
     std::string incoming = "defer"; // destination: a migration URI or defer
+    std::string metrics;            // --metrics HOST:PORT: /metrics for Prometheus
     std::string machine_type = "none";
     Uuid uuid{};
     std::string control_path; // source: guest control record (default IMAGE.ctl)
@@ -87,6 +90,21 @@ private:
     bool autostart_ = true; // destination: run once the migration is in
     uv_signal_t sigint_, sigterm_;
     bool shutting_down_ = false;
+    // A service manager's notify socket (daemon/service/service_notify.h):
+    // readiness, the migration's state, the watchdog's pings.
+    std::unique_ptr<ServiceNotifier> notify_;
+    uv_timer_t watchdog_;
+    bool watchdog_on_ = false;
+    void notify_status(MigrationStatus s);
+    // --metrics (daemon_metrics.cpp): the server, and the last finished
+    // migration's query-migrate kept for it. Loop thread.
+    std::unique_ptr<MetricsServer> metrics_;
+    json last_query_ = json::object();
+    double last_end_unix_ = 0;
+    Status start_metrics();
+    std::string metrics_text() const;
+    void keep_last_migration(MigrationStatus s);
+    void start_watchdog();
 };
 
 } // namespace qmigd

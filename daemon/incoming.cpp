@@ -115,9 +115,11 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
         stranger_limits());
     listener_->set_on_accept([this](PendingConnection *c) { return take_preempt(c); });
     QMIGD_TRY(listener_->listen(addr.socket));
-    spdlog::info("incoming migration: listening on {} (multifd {}, {} channels, compression {})",
-                 listener_->address().uri(), params.multifd ? "on" : "off", params.channels,
-                 multifd_method(params.compression).name);
+    spdlog::info("incoming migration: listening on {} ({})", listener_->address().uri(),
+                 params.multifd ? fmt::format("multifd, {} channels, compression {}",
+                                              params.channels,
+                                              multifd_method(params.compression).name)
+                                : std::string("main channel only, no multifd"));
     set_status(MigrationStatus::Setup);
     return {};
 }
@@ -227,8 +229,12 @@ void IncomingMigration::maybe_start()
         set_link_timeout(ch->fd, params_.link_timeout_ms);
     }
     set_status(MigrationStatus::Active);
-    spdlog::info("incoming migration: main channel and {} multifd channels connected",
-                 multifd_.size());
+    if (multifd_.empty()) {
+        spdlog::info("incoming migration: main channel connected");
+    } else {
+        spdlog::info("incoming migration: main channel and {} multifd channels connected",
+                     multifd_.size());
+    }
     load_thread_ = std::thread([this] {
         set_thread_name("mig/dst/main");
         load_thread_main();

@@ -289,6 +289,11 @@ void IncomingMigration::load_thread_main()
         }
     }
     bytes_.fetch_add(f.pos(), std::memory_order_relaxed);
+    if (result && result->uuid && params_.uuid == Uuid{}) {
+        // vmstate_uuid_post_load(): only a warning without a UUID of our own.
+        spdlog::warn("UUID is received {}, but local uuid isn't set",
+                     uuid_to_string(*result->uuid));
+    }
     if (result) {
         normal_pages_.fetch_add(result->normal_pages + handler.file_counts().normal);
         zero_pages_.fetch_add(result->zero_pages + handler.file_counts().zero);

@@ -331,6 +331,11 @@ nlohmann::json measure_limits(const std::string &dir)
                          {"pwrite", c.pwrite_ns},
                          {"mapped_write", c.map_write_ns}};
     j["cores"] = std::thread::hardware_concurrency();
+    // The keys keep their names (scripts read them); this says what they hold.
+    j["units"] = {{"*_gbps", "GB/s: 10^9 bytes a second (not Gbit/s)"},
+                  {"*_ns_per_page", "nanoseconds per 4 KiB page"},
+                  {"*_cpu_s_per_gib", "CPU seconds (all threads) per GiB sent"},
+                  {"page_path_ns", "nanoseconds per 4 KiB page on each page path"}};
     return j;
 }
 

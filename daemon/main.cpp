@@ -6,6 +6,8 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "daemon/service/journal_log.h"
+
 #include "daemon/daemon.h"
 #include "daemon/guest.h"
 #include "daemon/limits.h"
@@ -36,6 +38,8 @@ void add_common(CLI::App *cmd, DaemonOptions &o, std::string &uuid, std::string 
                     "or authz-list,id=ID,policy=allow|deny (as QEMU's -object)");
     cmd->add_option("--uuid", uuid, "VM UUID carried by multifd handshakes");
     cmd->add_option("--log-level", level, "trace|debug|info|warn|error|critical|off");
+    cmd->add_option("--metrics", o.metrics,
+                    "serve /metrics for Prometheus at HOST:PORT (or tcp:HOST:PORT)");
 }
 
 } // namespace
@@ -113,7 +117,7 @@ int main(int argc, char **argv)
 
     auto logger = spdlog::stderr_color_mt("qmigd");
     spdlog::set_default_logger(logger);
-    spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e qmigd %l: %v");
+    set_log_pattern(stderr_is_journal());
     auto lvl = spdlog::level::from_str(level);
     if (lvl == spdlog::level::off && level != "off") {
         std::fprintf(stderr, "qmigd: unknown --log-level '%s'\n", level.c_str());

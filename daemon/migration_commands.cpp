@@ -90,7 +90,9 @@ QmpResult Daemon::cmd_migrate(const json &args)
     p.max_bandwidth = config_.max_bandwidth();
     p.downtime_limit_ms = config_.downtime_limit_ms();
     p.machine_type = opts_.machine_type;
-    p.uuid = opts_.uuid;
+    // A parked VM's own UUID (if its source sent one) names it in the multifd
+    // handshakes, which a destination started with -uuid checks.
+    p.uuid = opts_.uuid == Uuid{} && parked_ && parked_->uuid ? *parked_->uuid : opts_.uuid;
     p.parked = parked_;
     p.runstate = runstate_;
     p.auto_converge = config_.capability("auto-converge");

@@ -83,13 +83,12 @@ Status OutgoingMigration::start(const MigrationAddress &addr, const OutgoingPara
     shared_->start_time = std::chrono::steady_clock::now();
     error_desc_.clear();
     set_status(MigrationStatus::Setup);
-    spdlog::info("migration: start to {} (multifd {}, {} channels, compression {}, "
-                 "zero-page-detection {}, {} bytes of RAM)",
-                 addr.uri(), params.multifd ? "on" : "off",
-                 params.multifd ? params.channels : 0,
-                 multifd_method(params.multifd ? params.compression.method
-                                               : MultiFDCompression::None)
-                     .name,
+    spdlog::info("migration: start to {} ({}, zero-page-detection {}, {} bytes of RAM)",
+                 addr.uri(),
+                 params.multifd ? fmt::format("multifd, {} channels, compression {}",
+                                              params.channels,
+                                              multifd_method(params.compression.method).name)
+                                : std::string("main channel only, no multifd"),
                  zero_page_detection_name(params.zpd), total_bytes_);
     uint64_t gen = ++generation_;
     child_.reset();
@@ -351,7 +350,7 @@ nlohmann::json OutgoingMigration::query() const
     r["ram"] = {
         {"transferred", s.main_bytes + s.multifd_bytes},
         {"remaining", done ? 0 : s.remaining_pages * TARGET_PAGE_SIZE},
-        {"total", total_bytes_},
+        {"total", params_.ignore_shared ? 0 : total_bytes_}, // ram_bytes_total()
         {"duplicate", zero},
         {"zero", zero},
         {"zero-bytes", zero * TARGET_PAGE_SIZE},

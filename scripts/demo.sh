@@ -7,5 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)" >/dev/null
+# The first build takes a minute or two on two cores: say so, and show it go.
+echo "demo: building qmigd in build/ (first time: about 2 minutes on 2 cores)..."
+cmake --build build -j"$(nproc)" | while IFS= read -r line; do
+    case "$line" in "["*"%]"*) printf '\r%s' "${line%%]*}]" ;; esac
+done
+echo
 exec python3 scripts/demo.py "$@"

@@ -2,6 +2,7 @@
 # Installs qmigd's build and test dependencies. Idempotent: does nothing
 # that is already done. QEMU >= 10.0 comes from bookworm-backports on Debian 12.
 # linux-image-amd64, busybox-static and cpio: the real guest of test_park.py.
+# prometheus (with promtool): test_metrics.py scrapes qmigd with the real one.
 set -euo pipefail
 
 SUDO=""
@@ -10,7 +11,8 @@ SUDO=""
 need_pkgs=()
 for p in build-essential cmake pkg-config libuv1-dev nlohmann-json3-dev \
          libcli11-dev libspdlog-dev catch2 python3 zlib1g-dev libzstd-dev \
-         libgnutls28-dev gnutls-bin linux-image-amd64 busybox-static cpio file; do
+         libgnutls28-dev gnutls-bin linux-image-amd64 busybox-static cpio file \
+         libcpp-httplib-dev prometheus; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
         || need_pkgs+=("$p")
 done

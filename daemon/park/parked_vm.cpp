@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "daemon/socket_io.h"
 #include "protocol/device_state.h"
@@ -199,6 +200,14 @@ std::string parked_block_path(const std::string &dir, size_t index, const std::s
 Status park_dir_check(const std::string &dir)
 {
     struct stat st;
+    if (::stat(dir.c_str(), &st) != 0 && errno == ENOENT) {
+        // A new directory for it (private: the images are the guest's RAM).
+        if (::mkdir(dir.c_str(), 0700) != 0) {
+            return Error(fmt::format("'{}' does not exist and cannot be created: {}", dir,
+                                     std::strerror(errno)));
+        }
+        spdlog::info("created {} to park the VM in", dir);
+    }
     if (::stat(dir.c_str(), &st) != 0) {
         return Error(fmt::format("'{}': {}", dir, std::strerror(errno)));
     }

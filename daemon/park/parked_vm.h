@@ -53,7 +53,8 @@ struct ParkedVm {
 // NN-IDSTR.img for the index-th block, and the same in DIR.
 std::string parked_block_file(size_t index, const std::string &idstr);
 std::string parked_block_path(const std::string &dir, size_t index, const std::string &idstr);
-// Where a VM may be parked: an existing directory with no parked VM in it.
+// Where a VM may be parked: a directory with no parked VM in it, created
+// (0700) when it does not exist yet.
 Status park_dir_check(const std::string &dir);
 // Writes device-state.bin, then vm.json, each synced before its rename,
 // syncing the directory after each. The images are in place and synced.

@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 
-from qmp import QMP
+from qmp import QMP, QMPError
 from qmp_args import parse_args, UsageError
 import runner
 
@@ -212,6 +212,7 @@ def start_guest(spec, src):
 
 def run(scn, out=sys.stdout):
     src = dst = guest = None
+    incoming = False
     try:
         src = Side(scn["source"], "source")
         dst = Side(scn["destination"], "dest")
@@ -222,6 +223,7 @@ def run(scn, out=sys.stdout):
         configure(dst, caps, {**dst_params, **scn.get("destination-parameters", {})})
         uri = scn.get("uri", "tcp:127.0.0.1:0")
         dst.qmp.cmd("migrate-incoming", uri=uri)
+        incoming = True  # ours to end if the run fails before the migration does
         host, port = uri[4:].rsplit(":", 1)
         if port == "0":
             port = dst.qmp.cmd("query-migrate")["socket-address"][0]["port"]
@@ -231,6 +233,7 @@ def run(scn, out=sys.stdout):
         print(f"migrating {src.kind} -> {dst.kind} via tcp:{host}:{port}", file=out, flush=True)
         t0 = time.monotonic()
         src.qmp.cmd("migrate", uri=f"tcp:{host}:{port}")
+        incoming = False  # the migration's own end ends it from here on
         bar = Progress(out)
         deadline = t0 + scn.get("timeout", 600)
         postcopy = Postcopy(scn.get("postcopy-after"), src, dst, t0, out)
@@ -267,6 +270,16 @@ def run(scn, out=sys.stdout):
         line, d = summary(dinfo.get("status") if rc == 0 else "failed", secs, info)
         print(json.dumps(d) if scn.get("json") else line, file=out, flush=True)
         return rc
+    except QMPError:
+        if incoming:
+            # The destination listens for a migration this run will not
+            # start: end it, so that the next run finds it free (a qmigd
+            # destination cancels; a QEMU one has no way but quit).
+            try:
+                dst.qmp.execute("migrate_cancel")
+            except OSError:
+                pass
+        raise
     finally:
         if guest:
             guest.terminate()
@@ -352,3 +365,6 @@ def run_main(argv):
     except CannotConnect as e:
         print(f"qmig: {e}", file=sys.stderr)
         return 3
+    except QMPError as e:
+        print(f"qmig run: {e.desc}", file=sys.stderr)
+        return 1

@@ -39,10 +39,12 @@ def log_file(name, ext=".log"):
 
 
 class Peer:
-    """A running qmigd or QEMU process with its QMP connection."""
+    """A running qmigd or QEMU process with its QMP connection. `env`: a
+    function of the open log file returning variables to add to the
+    process's environment (a journal stream is named by its inode)."""
 
     def __init__(self, kind, role, ram, tag, extra=None, log_dir=None, wrap=None,
-                 machine=None):
+                 machine=None, env=None):
         self.kind, self.role, self.ram = kind, role, ram  # ram: list of (name, path, size)
         self.qmp_path = os.path.join("/tmp", unique_name(tag) + ".qmp")
         name = os.path.basename(self.qmp_path)
@@ -66,7 +68,8 @@ class Peer:
         argv += extra or []
         argv = (wrap or []) + argv  # e.g. ip netns exec NS: the pid stays the daemon's
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=None if env is None else {**os.environ, **env(self.log)})
         self.qmp = None
         try:
             self.qmp = QMP(self.qmp_path, timeout=20)

@@ -12,7 +12,7 @@ import time
 
 from itest import test, main, check
 from fixtures import images, peers, MiB
-from runner import Peer, QMP, remove, unique_name, ROOT
+from runner import Peer, QMP, remove, unique_name, ROOT, start_incoming
 
 SIZE = 16 * MiB
 
@@ -464,6 +464,36 @@ def test_qmig_bad_arguments_are_usage_errors():
     finally:
         p.stop()
         remove(img)
+
+
+@test
+def test_qmig_waits_and_fails_cleanly():
+    """`qmig SOCK migrate uri=... --wait` exits 0 once the migration completed
+    and 1 when it failed, saying why; `qmig SOCK wait` the same. `qmig run`
+    against a destination that refuses (a capability it cannot take) says
+    the QMP error without a traceback, exits 1, and leaves the destination
+    free for the next run."""
+    with images(SIZE, "mixed") as imgs, peers("qmigd", "qmigd", imgs) as (src, dst):
+        qmig = [sys.executable, os.path.join(ROOT, "scripts", "qmig")]
+        # Nobody listens on port 1: the migration fails at connect.
+        out = subprocess.run(qmig + [src.qmp_path, "migrate", "uri=tcp:127.0.0.1:1", "--wait"],
+                             capture_output=True, text=True, timeout=60)
+        check(out.returncode == 1 and "migration failed: " in out.stderr, out.stderr)
+        port = start_incoming(dst)
+        out = subprocess.run(qmig + [src.qmp_path, "migrate", f"uri=tcp:127.0.0.1:{port}", "--wait"],
+                             capture_output=True, text=True, timeout=60)
+        check(out.returncode == 0 and "migration completed" in out.stderr, out.stderr)
+        out = subprocess.run(qmig + [src.qmp_path, "wait"], capture_output=True, text=True,
+                             timeout=60)
+        check(out.returncode == 0, out.stderr)
+        # The source is postmigrate now: `migrate` is refused after qmig run
+        # made the destination listen; it must stop listening again.
+        out = subprocess.run(qmig + ["run", "--src", src.qmp_path, "--dst", dst.qmp_path],
+                             capture_output=True, text=True, timeout=60)
+        check(out.returncode == 1 and "Traceback" not in out.stderr
+              and "qmig run: Can't migrate the vm that was paused" in out.stderr,
+              out.stdout + out.stderr)
+        check(dst.status()["status"] == "cancelled", dst.status())
 
 
 def info_migrate_after(src_kind, dst_kind):

@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""--metrics: /metrics in Prometheus' text format, read by the real thing.
+promtool checks the exposition before, during and after a migration; a
+Prometheus (Debian's) scrapes a qmigd source and destination every second
+through a migration and its HTTP API must show the migration active, then
+the last migration completed with its totals, on both sides. Also: bad
+--metrics addresses are refused at start, and what a scrape costs."""
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+
+from itest import test, main, check, skip
+from fixtures import images, MiB
+from runner import Peer, QMIGD, free_port, start_incoming, wait_status, files_equal
+
+SIZE = 64 * MiB
+
+
+def get(url, timeout=5):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.read().decode()
+
+
+def metrics_peers(imgs, size=SIZE):
+    sp, dp = free_port(), free_port()
+    s = Peer("qmigd", "source", [("mem", imgs[0][1], size)], "m-src",
+             ["--metrics", f"127.0.0.1:{sp}"])
+    d = Peer("qmigd", "dest", [("mem", imgs[0][2], size)], "m-dst",
+             ["--metrics", f"tcp:127.0.0.1:{dp}"])
+    return s, d, f"http://127.0.0.1:{sp}/metrics", f"http://127.0.0.1:{dp}/metrics"
+
+
+def value(text, series):
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"no {series} in:\n{text}")
+
+
+def promtool_check(text):
+    r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
+                       text=True)
+    check(r.returncode == 0, f"promtool: {r.stdout}{r.stderr}")
+
+
+@test
+def test_exposition_passes_promtool():
+    """Before, during and after a migration the text passes promtool, and
+    the figures follow the migration (the last one's kept after it)."""
+    if not shutil.which("promtool"):
+        skip("promtool is not installed (scripts/install-deps.sh installs prometheus)")
+    with images(SIZE, "mixed") as imgs:
+        s, d, surl, durl = metrics_peers(imgs)
+        try:
+            for url in (surl, durl):
+                status, text = get(url)
+                check(status == 200, status)
+                promtool_check(text)
+                check(value(text, 'qmigd_migration_status{status="none"}') == 1, text)
+            s.qmp.cmd("migrate-set-parameters", {"max-bandwidth": 32 * MiB})
+            s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{start_incoming(d)}")
+            wait_status(s, ("active",), 10)
+            time.sleep(0.5)
+            _, text = get(surl)
+            promtool_check(text)
+            check(value(text, 'qmigd_migration_status{status="active"}') == 1, text)
+            check(value(text, "qmigd_migration_transferred_bytes_total") > 0, text)
+            wait_status(s, ("completed",), 30)
+            wait_status(d, ("completed",), 30)
+            check(files_equal(imgs[0][1], imgs[0][2]), "images differ")
+            for url, side in ((surl, s), (durl, d)):
+                _, text = get(url)
+                promtool_check(text)
+                check(value(text, 'qmigd_last_migration_status{status="completed"}') == 1, text)
+                check(value(text, "qmigd_last_migration_end_timestamp_seconds") > 1.7e9, text)
+                check(value(text, "qmigd_last_migration_transferred_bytes_total") > SIZE / 4, text)
+                check(value(text, "qmigd_process_threads") >= 2, text)
+            _, text = get(surl)
+            q = s.qmp.cmd("query-migrate")
+            check(value(text, "qmigd_last_migration_downtime_seconds") == q["downtime"] / 1000, text)
+            check(value(text, "qmigd_last_migration_normal_pages_total") == q["ram"]["normal"], text)
+        finally:
+            s.stop()
+            d.stop()
+
+
+@test
+def test_real_prometheus_scrapes_a_migration():
+    """Debian's Prometheus scrapes both daemons every second; its API shows
+    the source active during the migration and both sides' last migration
+    completed with its bytes."""
+    if not shutil.which("prometheus"):
+        skip("prometheus is not installed (scripts/install-deps.sh installs it)")
+    work = tempfile.mkdtemp(prefix="qmigd-prom-")
+    prom = None
+    with images(SIZE, "mixed") as imgs:
+        s, d, surl, durl = metrics_peers(imgs)
+        try:
+            targets = [u.split("/")[2] for u in (surl, durl)]
+            with open(os.path.join(work, "prometheus.yml"), "w") as f:
+                f.write("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+                        "scrape_configs:\n  - job_name: qmigd\n    static_configs:\n"
+                        f"      - targets: {json.dumps(targets)}\n")
+            port = free_port()
+            api = f"http://127.0.0.1:{port}/api/v1"
+            log = open(os.path.join(work, "prometheus.log"), "w")
+            prom = subprocess.Popen(
+                ["prometheus", f"--config.file={work}/prometheus.yml",
+                 f"--storage.tsdb.path={work}/data", f"--web.listen-address=127.0.0.1:{port}"],
+                stdout=log, stderr=subprocess.STDOUT)
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if get(f"http://127.0.0.1:{port}/-/ready", 2)[0] == 200:
+                        break
+                except OSError:
+                    pass
+                check(time.monotonic() < deadline and prom.poll() is None,
+                      "prometheus did not come up: " + open(log.name).read()[-2000:])
+                time.sleep(0.3)
+
+            def query(expr):
+                url = f"{api}/query?" + urllib.parse.urlencode({"query": expr})
+                return json.loads(get(url)[1])["data"]["result"]
+            # Scraping both before the migration starts.
+            while len(query('up{job="qmigd"} == 1')) < 2:
+                check(time.monotonic() < deadline, query("up"))
+                time.sleep(0.5)
+            s.qmp.cmd("migrate-set-parameters", {"max-bandwidth": 16 * MiB})
+            s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{start_incoming(d)}")
+            wait_status(s, ("completed",), 60)
+            wait_status(d, ("completed",), 30)
+            time.sleep(2.5)  # two more scrapes after the end
+            # Prometheus labels each series with its target (instance).
+            src_i, dst_i = targets
+            active = query('max_over_time(qmigd_migration_status{status="active",'
+                           f'instance="{src_i}"}}[2m])')
+            check(active and float(active[0]["value"][1]) == 1, active)
+            done = query('qmigd_last_migration_status{status="completed"} == 1')
+            check(sorted(r["metric"]["instance"] for r in done) == sorted(targets), done)
+            roles = query('qmigd_info')
+            check({r["metric"]["instance"]: r["metric"]["role"] for r in roles}
+                  == {src_i: "source", dst_i: "destination"}, roles)
+            sent = query('qmigd_last_migration_transferred_bytes_total')
+            check(len(sent) == 2 and all(float(r["value"][1]) > SIZE / 4 for r in sent), sent)
+            rate = query('max_over_time(qmigd_migration_throughput_bytes_per_second'
+                         f'{{instance="{src_i}"}}[2m])')
+            check(rate and float(rate[0]["value"][1]) > 0, rate)
+            print(f"  Prometheus saw the source active and both sides completed "
+                  f"({float(sent[0]['value'][1]) / MiB:.0f} MiB)")
+        finally:
+            if prom:
+                prom.terminate()
+                try:
+                    prom.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    prom.kill()
+                    prom.wait()
+            s.stop()
+            d.stop()
+            shutil.rmtree(work, True)
+
+
+@test
+def test_bad_metrics_addresses_refused():
+    """A malformed or taken --metrics address stops the daemon at start,
+    saying why."""
+    with images(SIZE, "zero") as imgs:
+        taken = free_port()
+        import socket
+        holder = socket.socket()
+        holder.bind(("127.0.0.1", taken))
+        holder.listen(1)
+        try:
+            for addr, want in (("nohost", "expected HOST:PORT"), ("127.0.0.1:99999", "port must"),
+                               (f"127.0.0.1:{taken}", "cannot listen there")):
+                qmp = f"/tmp/qmigd-metrics-bad-{os.getpid()}.qmp"
+                r = subprocess.run([QMIGD, "source", "--qmp", qmp, "--ram",
+                                    f"mem={imgs[0][1]},size={SIZE}", "--metrics", addr],
+                                   capture_output=True, text=True, timeout=30)
+                check(r.returncode == 1 and want in r.stderr, (addr, r.returncode, r.stderr))
+        finally:
+            holder.close()
+
+
+@test
+def test_scrape_cost():
+    """What serving /metrics costs: scrapes a second one client gets, and a
+    migration's time scraped every second against not scraped (printed)."""
+    with images(256 * MiB, "mixed") as imgs:
+        s, d, surl, durl = metrics_peers(imgs, 256 * MiB)
+        try:
+            n, t0 = 0, time.monotonic()
+            while time.monotonic() - t0 < 2:
+                get(surl)
+                n += 1
+            rate = n / (time.monotonic() - t0)
+            check(rate > 20, f"{rate:.0f} scrapes/s")
+            times = {}
+            for scraped in (False, True, False, True):
+                if scraped:
+                    import threading
+                    stop = threading.Event()
+
+                    def scrape():
+                        while not stop.wait(1.0):
+                            get(surl)
+                            get(durl)
+                    th = threading.Thread(target=scrape, daemon=True)
+                    th.start()
+                t = time.monotonic()
+                s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{start_incoming(d)}")
+                wait_status(s, ("completed",), 60)
+                wait_status(d, ("completed",), 60)
+                times.setdefault(scraped, []).append(time.monotonic() - t)
+                if scraped:
+                    stop.set()
+                    th.join()
+                s.qmp.cmd("cont")  # postmigrate -> running, for the next round
+                d.stop()
+                d = Peer("qmigd", "dest", [("mem", imgs[0][2], 256 * MiB)], "m-dst2",
+                         ["--metrics", durl.split("/")[2]])
+            print(f"  {rate:.0f} scrapes/s served to one client; a 256 MiB migration "
+                  f"{min(times[False]):.2f} s unscraped, {min(times[True]):.2f} s scraped every 1 s")
+        finally:
+            s.stop()
+            d.stop()
+
+
+if __name__ == "__main__":
+    main()
