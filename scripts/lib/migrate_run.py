@@ -282,12 +282,7 @@ def run(scn, out=sys.stdout):
         raise
     finally:
         if guest:
-            guest.terminate()
-            try:
-                guest.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                guest.kill()
-                guest.wait()
+            runner.end_process(guest)
         for side in (src, dst):
             if side:
                 side.close(scn.get("keep-images", False))

@@ -140,6 +140,17 @@ class Peer:
             return f.read()
 
 
+def end_process(proc, grace=5):
+    """SIGTERM, and SIGKILL if it is still there after `grace` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def wait_status(peer, want, timeout=120.0, progress=None, fail_on=("failed", "cancelled")):
     deadline = time.monotonic() + timeout
     while True:
@@ -364,13 +375,7 @@ class Guest:
             return 0
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        end_process(self.proc)
         self.log.close()
         try:
             os.unlink(self.control)

@@ -16,7 +16,7 @@ import urllib.request
 
 from itest import test, main, check, skip
 from fixtures import images, MiB
-from runner import Peer, QMIGD, free_port, start_incoming, wait_status, files_equal
+from runner import Peer, QMIGD, free_port, start_incoming, wait_status, files_equal, end_process
 
 SIZE = 64 * MiB
 
@@ -155,12 +155,7 @@ def test_real_prometheus_scrapes_a_migration():
                   f"({float(sent[0]['value'][1]) / MiB:.0f} MiB)")
         finally:
             if prom:
-                prom.terminate()
-                try:
-                    prom.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    prom.kill()
-                    prom.wait()
+                end_process(prom, 10)
             s.stop()
             d.stop()
             shutil.rmtree(work, True)
