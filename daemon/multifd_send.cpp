@@ -180,6 +180,16 @@ Status MultiFDSend::packet_pages(Channel &ch, const MultiFDJob &job, uint32_t pa
         }
         return {};
     }
+    if (ch.zero_copy) {
+        // Zero copy sends from the guest's memory itself, whatever page
+        // path reads use: a copy in our buffer would have to stay put
+        // until the kernel is done with it.
+        const RamImage &img = *blocks_[pages.block].image;
+        for (uint32_t i = 0; i < pages.num; i++) {
+            where[i] = img.host(pages.offset[i]);
+        }
+        return {};
+    }
     // A whole job's pages stay readable at once with mapped-ram (its
     // buffer has a slot per packet); a socket sends each packet in turn.
     uint8_t *buf = ch.data->get() +

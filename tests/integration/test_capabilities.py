@@ -305,8 +305,11 @@ def test_x_ignore_shared_checks():
 @each_direction("zero_copy_send")
 def zero_copy_cell(src_kind, dst_kind):
     """multifd with zero-copy-send: byte-identical; over loopback the
-    kernel copies every send after all, which the source counts."""
-    with images(SIZE, "mixed") as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
+    kernel copies every send after all, which the source counts. A qmigd
+    source reads pages through the file (--page-path file): zero copy
+    sends from the guest's memory all the same."""
+    src_extra = ["--page-path", "file"] if src_kind == "qmigd" else None
+    with images(SIZE, "mixed") as imgs, peers(src_kind, dst_kind, imgs, src_extra) as (s, d):
         for p in (s, d):
             caps(p, multifd=True)
         caps(s, zero_copy_send=True)
