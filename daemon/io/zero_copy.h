@@ -5,8 +5,9 @@
 // into the socket, and tells on the socket's error queue when it is done
 // with each sendmsg(), and whether it had to copy after all (loopback and
 // most virtual devices always do). Until then the memory must stay as it
-// is, so only pages read from the guest's mapping go this way: a buffer
-// the channel reuses would be overwritten under the kernel's feet.
+// is, so pages go from the guest's memory itself (MultiFDSend reads them
+// there whatever the page path): a buffer the channel reuses would be
+// overwritten under the kernel's feet.
 //
 // Thread ownership: one per channel, used by its thread only.
 #pragma once
