@@ -397,10 +397,11 @@ Status MigrationThread::iterate()
             return {};
         }
         if (pending == 0) {
-            // Only the destination's ack is missing: nothing to send while
-            // the guest writes nothing.
+            // Only the destination's ack is missing and the guest wrote
+            // nothing: wait for the ack (or a slice) instead of syncing
+            // again at once; a cancel ends the reader, which wakes us.
             QMIGD_TRY(check_cancel());
-            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            rp_->wait_switchover_ack(kSliceTime);
             update_counters();
             continue;
         }

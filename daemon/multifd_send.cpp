@@ -283,14 +283,10 @@ Status MultiFDSend::send_packet(Channel &ch, const MultiFDJob *job, uint32_t pac
     multifd_packet_encode(header, flags, packet_num_.fetch_add(1, std::memory_order_relaxed),
                           block ? std::string_view(block->desc.idstr) : std::string_view(),
                           offsets, normal, zero, uint32_t(payload));
-    // Pages read into the channel's buffer (the File path, or the main
-    // thread's copies) go as a plain send: the buffer is reused at once.
-    const uint8_t *buf = ch.data->get();
-    bool from_mapping = ch.zero_copy && normal && !ch.compressor && !pages->with_data &&
-                        std::none_of(normal_data, normal_data + normal, [&](const uint8_t *p) {
-                            return p >= buf && p < buf + MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE;
-                        });
-    if (from_mapping) {
+    // With zero copy packet_pages() hands out the guest's memory; only the
+    // main thread's copies (legacy zero-page detection) go as a plain send:
+    // their buffer is reused at once.
+    if (ch.zero_copy && normal && !ch.compressor && !pages->with_data) {
         QMIGD_TRY(send_zero_copy(ch, iov, n));
     } else {
         QMIGD_TRY(channel_writev(ch.fd, ch.tls.get(), iov, n));

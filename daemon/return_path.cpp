@@ -185,7 +185,11 @@ Status ReturnPathIn::read_message(bool *shut)
     case MIG_RP_MSG_SWITCHOVER_ACK:
         // Taken whether or not switchover-ack is on, as QEMU does.
         spdlog::info("return path: the destination acknowledges the switchover");
-        switchover_acked_ = true;
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            switchover_acked_ = true;
+        }
+        ended_cv_.notify_all();
         return {};
     default:
         break;
@@ -194,6 +198,12 @@ Status ReturnPathIn::read_message(bool *shut)
     return Error(fmt::format("return path: '{}' message (0x{:04x}) but postcopy is not "
                              "running",
                              rp_message_name(m->type), m->type));
+}
+
+void ReturnPathIn::wait_switchover_ack(std::chrono::milliseconds limit)
+{
+    std::unique_lock<std::mutex> lk(mu_);
+    ended_cv_.wait_for(lk, limit, [&] { return switchover_acked_.load() || ended_; });
 }
 
 void ReturnPathIn::run()

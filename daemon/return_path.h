@@ -80,6 +80,8 @@ public:
     bool destination_misbehaved();
     // switchover-ack: the destination said the source may switch over.
     bool switchover_acked() const { return switchover_acked_; }
+    // Waits up to `limit` for that, or for the reader's end.
+    void wait_switchover_ack(std::chrono::milliseconds limit);
 
 private:
     void run();
@@ -96,7 +98,7 @@ private:
     bool ended_ = false;         // protected by mu_
     bool misbehaved_ = false;    // protected by mu_
     bool link_failed_ = false;   // reader thread only
-    std::atomic<bool> switchover_acked_{false}; // set by the reader
+    std::atomic<bool> switchover_acked_{false}; // set by the reader under mu_; ended_cv_ told
     std::thread thread_;
 };
 

@@ -39,11 +39,13 @@ public:
     uint64_t be64() { return uint64_t(be32()) << 32 | be32(); }
     void bytes(size_t n)
     {
-        size_t at = keep_ ? keep_->size() : 0;
-        std::vector<uint8_t> scratch;
-        std::vector<uint8_t> &dst = keep_ ? *keep_ : scratch;
-        dst.resize(at + n);
-        f_.get_buffer(dst.data() + at, n);
+        if (!keep_) {
+            f_.skip(n);
+            return;
+        }
+        size_t at = keep_->size();
+        keep_->resize(at + n);
+        f_.get_buffer(keep_->data() + at, n);
     }
     bool failed() const { return f_.failed(); }
 
