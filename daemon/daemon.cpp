@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "daemon/service/sandbox.h"
 #include "monitor/hmp.h"
 
 namespace qmigd {
@@ -338,6 +339,8 @@ static void raise_fd_limit()
 Status Daemon::start()
 {
     raise_fd_limit();
+    SandboxOptions sandbox;
+    QMIGD_TRY(sandbox_parse(opts_.sandbox, &sandbox));
     QMIGD_TRY(open_ram());
     for (const auto &spec : opts_.objects) {
         QMIGD_TRY(objects_.add_option(spec));
@@ -373,6 +376,9 @@ Status Daemon::start()
             return Error(e->desc);
         }
     }
+    // Confined once what the start opens is open (daemon/service/sandbox.h).
+    QMIGD_TRY(drop_privileges(opts_.chroot_dir, opts_.runas));
+    QMIGD_TRY(sandbox_install(sandbox));
     uv_signal_init(&loop_, &sigint_);
     uv_signal_init(&loop_, &sigterm_);
     sigint_.data = sigterm_.data = this;

@@ -42,6 +42,11 @@ struct DaemonOptions {
     unsigned local_send_buffer = 128 << 10;
     // --object specs (tls-creds-x509, authz-list), created at start.
     std::vector<std::string> objects;
+    // Confinement once the start's files and sockets are open
+    // (daemon/service/sandbox.h).
+    std::string sandbox = "off";
+    std::string chroot_dir;
+    std::string runas;
 };
 
 class Daemon {

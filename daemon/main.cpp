@@ -38,6 +38,13 @@ void add_common(CLI::App *cmd, DaemonOptions &o, std::string &uuid, std::string 
                     "or authz-list,id=ID,policy=allow|deny (as QEMU's -object)");
     cmd->add_option("--uuid", uuid, "VM UUID carried by multifd handshakes");
     cmd->add_option("--log-level", level, "trace|debug|info|warn|error|critical|off");
+    cmd->add_option("--sandbox", o.sandbox,
+                    "on[,spawn=deny|allow][,action=kill|errno] or off (default): a seccomp "
+                    "filter once the start's files and sockets are open; the last one given "
+                    "counts (a unit's default, overridden by its environment file)")
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    cmd->add_option("--runas", o.runas, "user to run as once the start's files are open");
+    cmd->add_option("--chroot", o.chroot_dir, "directory to chroot into (with --runas: first)");
     cmd->add_option("--metrics", o.metrics,
                     "serve /metrics for Prometheus at HOST:PORT (or tcp:HOST:PORT)");
 }

@@ -26,6 +26,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
+from charts import bar_chart  # noqa: E402
 from runner import Peer, make_image, migrate, files_equal, remove, unique_name, QMIGD  # noqa: E402
 from backing import backing_dir, Unavailable  # noqa: E402
 
@@ -321,30 +322,13 @@ def table(results, size, limits):
 
 
 def plot(results, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     cells = list(results)
-    fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(cells) + 3), 5.5))
-    width = 0.8 / len(PAIRS)
-    for k, pair in enumerate(PAIRS):
-        xs, ys = [], []
-        for i, cell in enumerate(cells):
-            runs = results[cell].get(pair)
-            if runs:
-                xs.append(i + (k - (len(PAIRS) - 1) / 2) * width)
-                ys.append(median(runs, "secs"))
-        if xs:
-            ax.bar(xs, ys, width, label=f"{NAMES[pair[0]]} → {NAMES[pair[1]]}")
-    ax.set_xticks(range(len(cells)))
-    ax.set_xticklabels([fmt_cell(c) for c in cells], rotation=60, ha="right", fontsize=8)
-    ax.set_ylabel("migration time, s (median; lower is better)")
-    ax.set_yscale("log")
-    ax.set_title("QEMU 10 vs qmigd, same image, same machine")
-    ax.legend()
-    ax.grid(axis="y", which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    series = {f"{NAMES[a]} → {NAMES[b]}": [median(results[c][(a, b)], "secs")
+                                            if results[c].get((a, b)) else None for c in cells]
+              for a, b in PAIRS}
+    bar_chart(path, "QEMU 10 vs qmigd, the same image on the same machine",
+              "migration time, s (median; lower is better)", [fmt_cell(c) for c in cells],
+              series, log=True)
 
 
 def main():

@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
-"""What zero-copy-send and xbzrle buy, each against the same run without
-it, interleaved, on this machine.
+"""What zero-copy-send and xbzrle buy, and what the sandbox costs, each
+against the same run without it, interleaved, on this machine.
 
 zero-copy-send: an image (default 2 GiB, mixed) migrated over loopback TCP
 with 4 multifd channels, unlimited bandwidth, QEMU 10 -> QEMU 10 and
 qmigd -> qmigd, with and without the capability on the source.
+
+sandbox: the zero-copy runs' image and channels, QEMU 10 -> QEMU 10 and
+qmigd -> qmigd, both sides unconfined and both confined (qmigd --sandbox on;
+QEMU -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,
+resourcecontrol=deny).
 
 xbzrle: a qmigd source with a workload rewriting a few bytes of pages in a
 hot set (`qmigd guest --write-bytes`), at a limited bandwidth, migrated to
@@ -17,6 +22,7 @@ both processes, and the bytes on the wire (query-migrate's transferred).
 
   scripts/bench_caps.py                          # both, 3 rounds
   scripts/bench_caps.py --only zero-copy --size 4G --repeat 5
+  scripts/bench_caps.py --only sandbox --repeat 5
 """
 import argparse
 import os
@@ -44,16 +50,26 @@ def caps(peer, **states):
                                for k, v in states.items()])
 
 
-def zero_copy_run(pair, src_img, size, on):
+def sandbox_args(kind, on):
+    """Both sides confined the way each offers it, or not at all."""
+    if not on:
+        return ["--sandbox", "off"] if kind == "qmigd" else []
+    return ["--sandbox", "on"] if kind == "qmigd" else [
+        "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"]
+
+
+def multifd_run(pair, src_img, size, zero_copy=False, sandbox=False):
     dst_img = f"/dev/shm/{unique_name('bench-dst')}.ram"
     src = dst = None
     try:
-        src = Peer(pair[0], "source", [("mem", src_img, size)], "zc-src")
-        dst = Peer(pair[1], "dest", [("mem", dst_img, size)], "zc-dst")
+        src = Peer(pair[0], "source", [("mem", src_img, size)], "zc-src",
+                   sandbox_args(pair[0], sandbox))
+        dst = Peer(pair[1], "dest", [("mem", dst_img, size)], "zc-dst",
+                   sandbox_args(pair[1], sandbox))
         pids = (src.proc.pid, dst.proc.pid)
         c0 = sum(cpu_seconds(p) for p in pids)
         src.set_migration(True, 4, "multifd")
-        caps(src, zero_copy_send=on)
+        caps(src, zero_copy_send=zero_copy)
         info, _, secs = migrate(src, dst, True, 4, "multifd", events=True)
         cpu = sum(cpu_seconds(p) for p in pids) - c0
         ok = files_equal(src_img, dst_img)
@@ -127,7 +143,7 @@ def report(title, results, extra):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", choices=["zero-copy", "xbzrle"])
+    ap.add_argument("--only", choices=["zero-copy", "sandbox", "xbzrle"])
     ap.add_argument("--size", default="2G", help="zero-copy image size")
     ap.add_argument("--xbzrle-size", default="256M")
     ap.add_argument("--bandwidth", default="32M", help="xbzrle runs' max-bandwidth")
@@ -149,7 +165,7 @@ def main():
             for r in range(args.repeat):
                 for pair in (("qemu", "qemu"), ("qmigd", "qmigd")):
                     for on in (False, True):
-                        run = zero_copy_run(pair, src_img, size, on)
+                        run = multifd_run(pair, src_img, size, zero_copy=on)
                         name = f"{NAMES[pair[0]]} -> {NAMES[pair[1]]} zero-copy {'on' if on else 'off'}"
                         results.setdefault(name, []).append(run)
                         print(f"  {name} run {r + 1}: {run['secs']:.3f} s, cpu {run['cpu']:.2f} s, "
@@ -160,6 +176,27 @@ def main():
             remove(src_img)
         report(f"zero-copy-send, {args.size} mixed, 4 multifd channels, loopback TCP", results,
                [("syncs all copied", lambda runs: f"{med(runs, 'missed'):.0f}")])
+
+    if args.only in (None, "sandbox"):
+        size = size_of(args.size)
+        src_img = f"/dev/shm/{unique_name('bench-src')}.ram"
+        make_image(src_img, size, "mixed")
+        results = {}
+        try:
+            for r in range(args.repeat):
+                for pair in (("qemu", "qemu"), ("qmigd", "qmigd")):
+                    for on in (False, True):
+                        run = multifd_run(pair, src_img, size, sandbox=on)
+                        name = (f"{NAMES[pair[0]]} -> {NAMES[pair[1]]} sandbox "
+                                f"{'on' if on else 'off'}")
+                        results.setdefault(name, []).append(run)
+                        print(f"  {name} run {r + 1}: {run['secs']:.3f} s, cpu {run['cpu']:.2f} s, "
+                              f"identical {run['ok']}", flush=True)
+                        if not run["ok"]:
+                            sys.exit("images differ")
+        finally:
+            remove(src_img)
+        report(f"sandbox, {args.size} mixed, 4 multifd channels, loopback TCP", results, [])
 
     if args.only in (None, "xbzrle"):
         size, bw = size_of(args.xbzrle_size), size_of(args.bandwidth)

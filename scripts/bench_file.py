@@ -21,6 +21,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
+from charts import bar_chart  # noqa: E402
 from runner import Peer, make_image, wait_status, files_equal, remove, unique_name  # noqa: E402
 
 
@@ -124,6 +125,7 @@ def main():
     ap.add_argument("--channels", type=int, default=4, help="0 = multifd off")
     ap.add_argument("--no-direct-io", action="store_true")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--plot", help="write a PNG chart of the table here")
     args = ap.parse_args()
     size = parse_size(args.size)
     direct_io = not args.no_direct_io and args.channels > 0
@@ -153,6 +155,11 @@ def main():
             print(f"| {what} s (MB/s of page data, % of disk) | {q:.2f} ({mbq:.0f}, "
                   f"{100 * mbq / disk:.0f}%) | {m:.2f} ({mbm:.0f}, {100 * mbm / disk:.0f}%) "
                   f"| {m / q:.2f}x |")
+        if args.plot:
+            bar_chart(args.plot, f"Saving to and restoring from a file: {cfg}",
+                      "seconds (median; lower is better)", ["save", "restore"],
+                      {"QEMU 10": med["qemu"][:2], "qmigd": med["qmigd"][:2]},
+                      note=f"disk O_DIRECT: write {wr:.0f} MB/s, read {rd:.0f} MB/s")
     finally:
         remove(src_img)
         for name in os.listdir(directory):

@@ -29,6 +29,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from runner import Peer, start_incoming, wait_status, completed_at  # noqa: E402
 import linux_guest as lg  # noqa: E402
+from charts import bar_chart  # noqa: E402
 
 
 def timed(src, dst, channels, postcopy=False):
@@ -70,6 +71,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--channels", type=int, default=4)
     ap.add_argument("--fill", type=int, default=384, help="MiB of random data the guest holds")
+    ap.add_argument("--plot", help="write a PNG chart of the table here")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="qmigd-bench-park-", dir="/dev/shm")
     runs = {name: [] for name in ROWS}
@@ -123,12 +125,19 @@ def main():
               f"{args.repeat} | guest runs after s | completed after s | source downtime ms | "
               f"postcopy requests | guest counter gap s |")
         print("|---|---|---|---|---|---|")
+        meds = {}
         for name, rs in runs.items():
-            med = {k: statistics.median(x.get(k, 0) for x in rs)
-                   for k in ("running", "secs", "downtime", "requests", "gap")}
+            med = meds[name] = {k: statistics.median(x.get(k, 0) for x in rs)
+                                for k in ("running", "secs", "downtime", "requests", "gap")}
             gap = f"{med['gap']:.2f}" if "gap" in rs[0] else "-"
             print(f"| {name} | {med['running']:.3f} | {med['secs']:.2f} | {med['downtime']:.0f} | "
                   f"{med['requests']:.0f} | {gap} |")
+        if args.plot:
+            bar_chart(args.plot, f"Parking and resuming a {args.mem} Linux guest holding "
+                      f"{args.fill} MiB, median of {args.repeat}",
+                      "seconds from migrate (lower is better)", ROWS,
+                      {"the target runs the guest": [meds[n]["running"] for n in ROWS],
+                       "both sides completed": [meds[n]["secs"] for n in ROWS]})
     finally:
         if guest:
             guest.stop()

@@ -3,6 +3,9 @@
 # that is already done. QEMU >= 10.0 comes from bookworm-backports on Debian 12.
 # linux-image-amd64, busybox-static and cpio: the real guest of test_park.py.
 # prometheus (with promtool): test_metrics.py scrapes qmigd with the real one.
+# libseccomp-dev: --sandbox. python3-matplotlib: the benchmarks' --plot charts.
+# debootstrap and systemd-container: test_package.py installs the .deb on a
+# fresh Debian 12 and boots systemd there.
 set -euo pipefail
 
 SUDO=""
@@ -12,7 +15,8 @@ need_pkgs=()
 for p in build-essential cmake pkg-config libuv1-dev nlohmann-json3-dev \
          libcli11-dev libspdlog-dev catch2 python3 zlib1g-dev libzstd-dev \
          libgnutls28-dev gnutls-bin linux-image-amd64 busybox-static cpio file \
-         libcpp-httplib-dev prometheus; do
+         libcpp-httplib-dev prometheus libseccomp-dev python3-matplotlib \
+         debootstrap systemd-container; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
         || need_pkgs+=("$p")
 done

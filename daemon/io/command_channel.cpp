@@ -1,4 +1,5 @@
 #include "daemon/io/command_channel.h"
+#include "daemon/service/sandbox.h"
 
 #include <cerrno>
 #include <chrono>
@@ -31,6 +32,11 @@ Result<std::shared_ptr<CommandChild>> CommandChild::spawn(uv_loop_t *loop,
     std::string command = fmt::format("{}", fmt::join(argv, " "));
     if (argv.empty()) {
         return Error("exec: needs a command"); // QEMU 10 crashes here
+    }
+    if (sandbox_denies_spawn()) {
+        return Error(fmt::format("cannot run exec:{}: the sandbox denies starting commands "
+                                 "(--sandbox on,spawn=allow permits them)",
+                                 command));
     }
     bool both = dir == Direction::Both;
     int p[2];

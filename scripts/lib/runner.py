@@ -3,6 +3,7 @@
 Shared by scripts/qmig, scripts/demo.sh, the benchmarks and the
 integration tests. Every process started here is ended here, by pid.
 """
+import contextlib
 import os
 import shutil
 import signal
@@ -13,7 +14,10 @@ import time
 from qmp import QMP, QMPError
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-QMIGD = os.environ.get("QMIGD", os.path.join(ROOT, "build", "bin", "qmigd"))
+# $QMIGD, else this checkout's build, else an installed qmigd (on the PATH).
+_built = os.path.join(ROOT, "build", "bin", "qmigd")
+QMIGD = os.environ.get("QMIGD") or (_built if os.path.exists(_built)
+                                    else shutil.which("qmigd") or _built)
 QEMU = shutil.which("qemu-system-x86_64") or "qemu-system-x86_64"
 PAGE = 4096
 
@@ -31,6 +35,23 @@ def free_port():
 # Where processes' logs go: ctest gives each integration test a directory
 # of its own in the build tree (kept for a failed run to read), else /tmp.
 LOG_DIR = os.environ.get("QMIGD_LOG_DIR", "/tmp")
+# QMIGD_SANDBOX=on (what the release build's ctest sets): every qmigd the
+# tests start runs confined (--sandbox), unless the test gives its own.
+SANDBOX = os.environ.get("QMIGD_SANDBOX", "")
+
+
+@contextlib.contextmanager
+def sandbox_spawning():
+    """qmigd peers started within run exec: commands: under QMIGD_SANDBOX
+    their sandbox allows it (spawn=allow, the deny-list)."""
+    global SANDBOX
+    saved = SANDBOX
+    if SANDBOX:
+        SANDBOX = "on,spawn=allow"
+    try:
+        yield
+    finally:
+        SANDBOX = saved
 
 
 def log_file(name, ext=".log"):
@@ -66,6 +87,8 @@ class Peer:
             for name, path, size in ram:
                 argv += ["--ram", f"{name}={path},size={size}"]
         argv += extra or []
+        if kind != "qemu" and SANDBOX and "--sandbox" not in argv:
+            argv += ["--sandbox", SANDBOX]
         argv = (wrap or []) + argv  # e.g. ip netns exec NS: the pid stays the daemon's
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,

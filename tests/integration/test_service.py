@@ -15,7 +15,7 @@ import time
 
 from itest import test, main, check, skip
 from fixtures import images, MiB
-from runner import Peer, QMIGD, unique_name, wait_status, start_incoming, files_equal, free_port
+from runner import sandbox_spawning, Peer, QMIGD, unique_name, wait_status, start_incoming, files_equal, free_port
 from qmp import QMP
 
 SIZE = 16 * MiB
@@ -113,7 +113,9 @@ def test_exec_commands_do_not_inherit_the_manager():
     n = NotifySocket()
     with images(SIZE, "zero") as imgs:
         out = f"/tmp/{unique_name('svc-env')}.txt"
-        s = Peer("qmigd", "source", [("mem", imgs[0][1], SIZE)], "svc-exec", env=n.env(500000))
+        with sandbox_spawning():
+            s = Peer("qmigd", "source", [("mem", imgs[0][1], SIZE)], "svc-exec",
+                     env=n.env(500000))
         try:
             n.wait_for("READY=1")
             s.qmp.cmd("migrate", uri=f"exec:env > {out}; cat > /dev/null")

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"
 import tls_certs  # noqa: E402
 from itest import test, main, check  # noqa: E402
 from fixtures import images, peers, hand_over_socketpair, MiB  # noqa: E402
-from runner import start_incoming, wait_status, files_equal, migrate  # noqa: E402
+from runner import start_incoming, wait_status, files_equal, migrate, sandbox_spawning  # noqa: E402
 from qmp import QMPError  # noqa: E402
 
 SIZE = 64 * MiB
@@ -370,7 +370,8 @@ def exec_tls(src_kind, dst_kind):
     Byte-identical."""
     port_file = f"/tmp/qmigd-tls-exec-{os.getpid()}-{src_kind}-{dst_kind}.port"
     try:
-        with images(SIZE, "mixed") as imgs, peers(src_kind, dst_kind, imgs) as (s, d):
+        with sandbox_spawning(), images(SIZE, "mixed") as imgs, \
+                peers(src_kind, dst_kind, imgs) as (s, d):
             one_channel_tls(s, d)
             if dst_kind == "qmigd":
                 d.qmp.cmd("migrate-incoming", uri=f"exec:python3 {STDIO_TCP} listen {port_file}")

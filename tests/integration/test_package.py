@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""qmigd installed as a host daemon: `cmake --install` lays out qmigd, qmig
+and the units under a prefix, qmig runs from there and the units start that
+prefix's qmigd; CPack's .deb declares its libraries, installs with apt on a
+fresh Debian 12 (debootstrap, then only what the package pulls in), and
+systemd booted in that system (systemd-nspawn) starts qmigd-dest@ from an
+environment file as the README says: a qmigd source on this host parks a VM
+into it over TCP, byte for byte, and the unit stops cleanly."""
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+
+from itest import test, main, check, skip
+from fixtures import images, MiB
+from runner import Peer, QMIGD, free_port, wait_status, files_equal, unique_name
+
+BUILD = os.path.dirname(os.path.dirname(os.path.abspath(QMIGD)))
+SOURCE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+# A minimal Debian 12 with systemd, made once per host (debootstrap takes
+# ~30 s and the network); every test run unpacks a fresh copy of it.
+CACHE = "/var/cache/qmigd-tests/bookworm-minbase-systemd.tar"
+SIZE = 16 * MiB
+
+
+def run(argv, timeout=300, **kw):
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
+    check(r.returncode == 0, f"{argv}: {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return r.stdout
+
+
+def build_deb(out):
+    run(["cpack", "-G", "DEB", "-B", out], cwd=BUILD)
+    debs = [f for f in os.listdir(out) if f.endswith(".deb")]
+    check(len(debs) == 1, debs)
+    return os.path.join(out, debs[0])
+
+
+@test
+def test_cmake_install_layout():
+    """bin/qmigd and bin/qmig (a link into lib/qmigd, its modules beside
+    it), the units naming this prefix's qmigd, the docs."""
+    prefix = tempfile.mkdtemp(prefix="qmigd-prefix-")
+    try:
+        run(["cmake", "--install", BUILD, "--prefix", prefix])
+        for rel in ("bin/qmigd", "bin/qmig", "lib/qmigd/lib/migrate_run.py",
+                    "lib/systemd/system/qmigd-dest@.service",
+                    "lib/systemd/system/qmigd-source@.service",
+                    "share/doc/qmigd/README.md", "share/doc/qmigd/examples/dest.env.example"):
+            check(os.path.exists(os.path.join(prefix, rel)), f"{rel} not installed")
+        check(os.path.islink(os.path.join(prefix, "bin/qmig")), "bin/qmig is not a link")
+        with open(os.path.join(prefix, "lib/systemd/system/qmigd-dest@.service")) as f:
+            unit = f.read()
+        check(f"ExecStart={prefix}/bin/qmigd dest" in unit, unit)
+        out = run([os.path.join(prefix, "bin/qmig"), "--help"])
+        check("qmig SOCK COMMAND" in out, out)
+        # qmig from the prefix drives a daemon (found on the PATH, not in build/)
+        with images(SIZE, "zero") as imgs:
+            p = Peer("qmigd", "dest", [("mem", imgs[0][2], SIZE)], "pkg-qmig")
+            try:
+                env = {**os.environ, "PATH": prefix + "/bin:/usr/bin:/bin"}
+                out = run([os.path.join(prefix, "bin/qmig"), p.qmp_path, "query-migrate"],
+                          env=env)
+                check("{}" in out or "status" in out, out)
+            finally:
+                p.stop()
+    finally:
+        shutil.rmtree(prefix, ignore_errors=True)
+
+
+def fresh_debian(root):
+    """Unpacks the cached minimal Debian 12 (making it first if need be)."""
+    if not os.path.exists(CACHE):
+        if not shutil.which("debootstrap"):
+            skip("debootstrap is not installed (scripts/install-deps.sh installs it)")
+        work = tempfile.mkdtemp(prefix="qmigd-debootstrap-", dir="/var/tmp")
+        try:
+            r = subprocess.run(["debootstrap", "--variant=minbase", "bookworm", work,
+                                "http://deb.debian.org/debian"], capture_output=True, text=True,
+                               timeout=900)
+            if r.returncode != 0:
+                skip(f"debootstrap failed (no network to deb.debian.org?): {r.stderr[-300:]}")
+            shutil.copy("/etc/resolv.conf", os.path.join(work, "etc/resolv.conf"))
+            run(["chroot", work, "apt-get", "install", "-y", "-qq", "--no-install-recommends",
+                 "systemd", "systemd-sysv", "dbus"], timeout=600)
+            run(["chroot", work, "apt-get", "clean"])
+            os.makedirs(os.path.dirname(CACHE), exist_ok=True)
+            with tarfile.open(CACHE + ".part", "w") as t:
+                t.add(work, arcname=".")
+            os.rename(CACHE + ".part", CACHE)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    with tarfile.open(CACHE) as t:
+        t.extractall(root, numeric_owner=True)
+    shutil.copy("/etc/resolv.conf", os.path.join(root, "etc/resolv.conf"))
+
+
+class Booted:
+    """systemd booted in root by systemd-nspawn, sharing this host's network."""
+
+    def __init__(self, root, log):
+        self.proc = subprocess.Popen(["systemd-nspawn", "-D", root, "--boot", "--register=no",
+                                      "--keep-unit", "-M", unique_name("qmigd")[:60], "-q"],
+                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        self.leader = None
+        deadline = time.monotonic() + 60
+        state = ""
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            kids = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
+                                  text=True).stdout.split()
+            if kids:
+                self.leader = kids[0]
+                # Answering is enough: `systemctl start` queues behind the boot.
+                state = self.sh("systemctl", "is-system-running", check_rc=False).strip()
+                if state in ("starting", "running", "degraded"):
+                    return
+            time.sleep(0.5)
+        check(False, f"the container did not boot (state {state!r})")
+
+    def sh(self, *argv, check_rc=True, timeout=60):
+        r = subprocess.run(["nsenter", "-t", self.leader, "-a"] + list(argv),
+                           capture_output=True, text=True, timeout=timeout)
+        if check_rc:
+            check(r.returncode == 0, f"{argv}: {r.returncode} {r.stdout} {r.stderr}")
+        return r.stdout
+
+    def poweroff(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()  # nspawn halts the container's systemd
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@test
+def test_deb_installs_on_fresh_debian_and_its_unit_parks_a_vm():
+    for tool in ("cpack", "systemd-nspawn", "nsenter", "dpkg-deb"):
+        if not shutil.which(tool):
+            skip(f"{tool} is not installed (scripts/install-deps.sh installs it)")
+    out = tempfile.mkdtemp(prefix="qmigd-deb-")
+    root = tempfile.mkdtemp(prefix="qmigd-debian-", dir="/var/tmp")
+    booted = None
+    try:
+        deb = build_deb(out)
+        depends = run(["dpkg-deb", "-f", deb, "Depends"])
+        for lib in ("libuv1", "libseccomp2", "libgnutls30", "libspdlog", "python3"):
+            check(lib in depends, f"{lib} not in Depends: {depends}")
+        fresh_debian(root)
+        shutil.copy(deb, os.path.join(root, "tmp/qmigd.deb"))
+        run(["chroot", root, "apt-get", "install", "-y", "-qq", "--no-install-recommends",
+             "/tmp/qmigd.deb"], timeout=600)
+        check("qmigd" in run(["chroot", root, "qmigd", "--help"]), "qmigd --help")
+        check("qmig SOCK" in run(["chroot", root, "qmig", "--help"]), "qmig --help")
+        port = free_port()
+        os.makedirs(os.path.join(root, "etc/qmigd"), exist_ok=True)
+        with open(os.path.join(root, "etc/qmigd/dest-t1.env"), "w") as f:
+            f.write(f"QMIGD_ARGS=--ram-dir /var/lib/qmigd/t1 --incoming tcp:127.0.0.1:{port}\n")
+        log = open(os.path.join(os.environ.get("QMIGD_LOG_DIR", "/tmp"),
+                                unique_name("nspawn") + ".log"), "w")
+        booted = Booted(root, log)
+        booted.sh("systemctl", "enable", "--now", "qmigd-dest@t1", timeout=120)
+        check(booted.sh("systemctl", "is-active", "qmigd-dest@t1").strip() == "active",
+              booted.sh("systemctl", "status", "qmigd-dest@t1", check_rc=False))
+        status = booted.sh("systemctl", "show", "-p", "StatusText", "qmigd-dest@t1")
+        check("destination: migration setup" in status, status)
+        with images(SIZE, "mixed") as imgs:
+            src = Peer("qmigd", "source", [("mem", imgs[0][1], SIZE)], "pkg-src")
+            try:
+                src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+                wait_status(src, ("completed",), 60)
+            finally:
+                src.stop()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                st = booted.sh("qmig", "/run/qmigd/dest-t1.qmp", "query-migrate")
+                if '"completed"' in st:
+                    break
+                time.sleep(0.2)
+            check('"completed"' in st, st)
+            parked = os.path.join(root, "var/lib/qmigd/t1/00-mem.img")
+            check(files_equal(imgs[0][1], parked), "the parked image differs")
+        journal = booted.sh("journalctl", "-u", "qmigd-dest@t1", "--no-pager")
+        check("sandbox on" in journal, journal[-2000:])
+        booted.sh("systemctl", "stop", "qmigd-dest@t1")
+        check(booted.sh("systemctl", "is-active", "qmigd-dest@t1", check_rc=False).strip()
+              == "inactive", "the unit did not stop")
+    finally:
+        if booted:
+            booted.poweroff()
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

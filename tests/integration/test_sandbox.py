@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""qmigd confined (--sandbox, --runas, --chroot): the filter is in the
+kernel for every thread, confined daemons migrate with QEMU 10 and with
+each other byte for byte, exec: is refused in words under the allow-list
+and runs under spawn=allow with its commands confined as configured (a
+forbidden call kills them, or fails with EPERM), a daemon run as another
+user in a chroot serves a migration and parks a VM, and bad options fail
+at start. (The allow-list's own kill and EPERM, on a forbidden call of
+the daemon itself, are in the unit tests: test_sandbox.cpp.)"""
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
+
+from itest import test, main, check, skip
+from fixtures import images, MiB
+from runner import Peer, QMIGD, migrate, wait_status, start_incoming, files_equal, unique_name
+from qmp import QMPError
+
+SIZE = 32 * MiB
+
+
+def proc_status(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
+def thread_seccomp_modes(pid):
+    modes = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            for line in f:
+                if line.startswith("Seccomp:"):
+                    modes.add(line.split()[1])
+    return modes
+
+
+@test
+def test_confined_daemons_migrate_with_qemu_and_each_other():
+    """Every thread filtered (Seccomp 2, NoNewPrivs 1) in both roles; the
+    three pairings with QEMU 10 complete with identical images."""
+    for src_kind, dst_kind in (("qemu", "qmigd"), ("qmigd", "qemu"), ("qmigd", "qmigd")):
+        with images(SIZE, "mixed") as imgs:
+            (name, src_img, dst_img, size), = imgs
+            sb = ["--sandbox", "on"]
+            src = Peer(src_kind, "source", [(name, src_img, size)], "sbx-src",
+                       sb if src_kind == "qmigd" else None)
+            dst = Peer(dst_kind, "dest", [(name, dst_img, size)], "sbx-dst",
+                       sb if dst_kind == "qmigd" else None)
+            try:
+                migrate(src, dst, multifd=True, channels=4, timeout=60)
+                check(files_equal(src_img, dst_img), f"{src_kind} -> {dst_kind}: images differ")
+                for p in (src, dst):
+                    if p.kind == "qmigd":
+                        st = proc_status(p.proc.pid)
+                        check(st["Seccomp"] == "2" and st["NoNewPrivs"] == "1", st)
+                        modes = thread_seccomp_modes(p.proc.pid)
+                        check(modes == {"2"}, f"threads' seccomp modes {modes}")
+                        check("forbidden system call" not in p.log_text(), p.log_text())
+            finally:
+                src.stop()
+                dst.stop()
+
+
+@test
+def test_exec_refused_under_the_allow_list():
+    """migrate exec: and migrate-incoming exec: fail in words; the daemon
+    still serves and migrates over TCP afterwards."""
+    with images(SIZE, "mixed") as imgs:
+        (name, src_img, dst_img, size), = imgs
+        src = Peer("qmigd", "source", [(name, src_img, size)], "sbx-x-src", ["--sandbox", "on"])
+        dst = Peer("qmigd", "dest", [(name, dst_img, size)], "sbx-x-dst", ["--sandbox", "on"])
+        try:
+            for peer, cmd, uri in ((src, "migrate", "exec:cat > /dev/null"),
+                                   (dst, "migrate-incoming", "exec:cat /dev/null")):
+                desc = ""
+                try:
+                    peer.qmp.cmd(cmd, uri=uri)
+                    if peer is src:
+                        desc = wait_status(src, ("failed",), 10).get("error-desc", "")
+                except QMPError as e:
+                    desc = str(e)
+                check("the sandbox denies starting commands" in desc, desc)
+            migrate(src, dst, multifd=True, timeout=60)
+            check(files_equal(src_img, dst_img), "images differ")
+        finally:
+            src.stop()
+            dst.stop()
+
+
+def exec_with_command(action, command):
+    """A spawn=allow source migrating to exec:COMMAND; returns its log and status."""
+    with images(16 * MiB, "mixed") as imgs:  # more than a pipe holds
+        (name, src_img, _, size), = imgs
+        src = Peer("qmigd", "source", [(name, src_img, size)], "sbx-spawn",
+                   ["--sandbox", f"on,spawn=allow,action={action}"])
+        try:
+            src.qmp.cmd("migrate", uri=f"exec:{command}")
+            info = wait_status(src, ("completed", "failed"), 30, fail_on=())
+            check(src.proc.poll() is None, "the daemon died")
+            time.sleep(0.3)  # the command's end is logged as it is reaped
+            return src.log_text(), info
+        finally:
+            src.stop()
+
+
+@test
+def test_spawn_allowed_commands_are_confined_as_configured():
+    """spawn=allow: an exec: migration saved and restored through gzip
+    between two confined daemons is identical; its commands inherit the
+    deny-list: a denied call (getpriority, QEMU's resourcecontrol set) kills
+    the command with action=kill and fails with EPERM with action=errno.
+    The daemon lives on either way."""
+    with images(SIZE, "mixed") as imgs:
+        (name, src_img, dst_img, size), = imgs
+        f = f"/dev/shm/{unique_name('sbx-stream')}.gz"
+        sb = ["--sandbox", "on,spawn=allow"]
+        src = Peer("qmigd", "source", [(name, src_img, size)], "sbx-gz-src", sb)
+        dst = Peer("qmigd", "dest", [(name, dst_img, size)], "sbx-gz-dst", sb)
+        try:
+            src.qmp.cmd("migrate", uri=f"exec:gzip -1 > {f}")
+            wait_status(src, ("completed",), 60)
+            dst.qmp.cmd("migrate-incoming", uri=f"exec:gzip -dc < {f}")
+            wait_status(dst, ("completed",), 60)
+            check(files_equal(src_img, dst_img), "images differ")
+        finally:
+            src.stop()
+            dst.stop()
+            if os.path.exists(f):
+                os.unlink(f)
+    log, info = exec_with_command("kill", "nice -n 5 cat > /dev/null")
+    check(info["status"] == "failed", info)
+    # nice died of SIGSYS: its shell says so and exits 128 + 31
+    check("Bad system call" in log and "ended with exit status 159" in log, log)
+    log, info = exec_with_command("errno", "nice -n 5 cat > /dev/null")
+    # getpriority is refused: nice says so and gives up, the migration fails
+    check("nice: cannot get niceness: Operation not permitted" in log, log)
+    check(info["status"] == "failed", info)
+    log, info = exec_with_command("errno", "cat > /dev/null")
+    check(info["status"] == "completed", info)
+
+
+@test
+def test_runas_and_chroot():
+    """--runas nobody --chroot EMPTY: the destination drops to nobody in an
+    empty root after opening its image and sockets, and a migration into it
+    completes identical; a parking destination (--ram-dir owned by nobody)
+    parks as nobody, its files nobody's."""
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        skip("no user 'nobody' on this host")
+    root = tempfile.mkdtemp(prefix="qmigd-chroot-")
+    park = tempfile.mkdtemp(prefix="qmigd-park-", dir="/dev/shm")
+    os.chown(park, nobody.pw_uid, nobody.pw_gid)
+    try:
+        with images(SIZE, "mixed") as imgs:
+            (name, src_img, dst_img, size), = imgs
+            src = Peer("qmigd", "source", [(name, src_img, size)], "sbx-ru-src")
+            dst = Peer("qmigd", "dest", [(name, dst_img, size)], "sbx-ru-dst",
+                       ["--runas", "nobody", "--chroot", root])
+            try:
+                st = proc_status(dst.proc.pid)
+                check(st["Uid"].split()[:3] == [str(nobody.pw_uid)] * 3, st["Uid"])
+                check(os.readlink(f"/proc/{dst.proc.pid}/root") == root,
+                      os.readlink(f"/proc/{dst.proc.pid}/root"))
+                migrate(src, dst, multifd=True, timeout=60)
+                check(files_equal(src_img, dst_img), "images differ")
+            finally:
+                src.stop()
+                dst.stop()
+            src = Peer("qmigd", "source", [(name, src_img, size)], "sbx-rp-src")
+            dst = Peer("qmigd", "dest", [], "sbx-rp-dst",
+                       ["--ram-dir", park, "--runas", "nobody", "--sandbox", "on"])
+            try:
+                migrate(src, dst, multifd=True, timeout=60)
+                parked = os.path.join(park, "00-mem.img")
+                check(files_equal(src_img, parked), "parked image differs")
+                check(os.stat(parked).st_uid == nobody.pw_uid, "not nobody's")
+            finally:
+                src.stop()
+                dst.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(park, ignore_errors=True)
+
+
+@test
+def test_bad_options_fail_at_start():
+    cases = [(["--sandbox", "yes"], "--sandbox: 'yes' is not on or off"),
+             (["--sandbox", "on,spawn=maybe"], "--sandbox: unknown option 'spawn=maybe'"),
+             (["--runas", "no-such-user-qmigd"], "--runas: no user 'no-such-user-qmigd'"),
+             (["--chroot", "/nonexistent/qmigd"], "--chroot /nonexistent/qmigd: No such file")]
+    with images(MiB, "zero") as imgs:
+        (name, _, dst_img, size), = imgs
+        for extra, want in cases:
+            qmp = f"/tmp/{unique_name('sbx-bad')}.qmp"
+            r = subprocess.run([QMIGD, "dest", "--qmp", qmp, "--ram", f"{name}={dst_img},size={size}"] + extra,
+                               capture_output=True, text=True, timeout=30)
+            check(r.returncode == 1 and want in r.stderr, (extra, r.returncode, r.stderr))
+            check(not os.path.exists(qmp), f"{qmp} left behind")
+
+
+if __name__ == "__main__":
+    main()
