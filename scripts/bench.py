@@ -328,7 +328,7 @@ def plot(results, path):
               for a, b in PAIRS}
     bar_chart(path, "QEMU 10 vs qmigd, the same image on the same machine",
               "migration time, s (median; lower is better)", [fmt_cell(c) for c in cells],
-              series, log=True)
+              series)
 
 
 def main():
@@ -355,7 +355,8 @@ def main():
     ap.add_argument("--out", help="write the markdown table here")
     ap.add_argument("--json", help="write all runs here")
     ap.add_argument("--plot", help="write a PNG chart here")
-    ap.add_argument("--from-json", help="only print the table of an earlier --json file")
+    ap.add_argument("--from-json", help="only print the table (and --plot the chart) of an "
+                    "earlier --json file")
     args = ap.parse_args()
     if args.from_json:
         with open(args.from_json) as f:
@@ -369,6 +370,8 @@ def main():
             if r.get("huge_touched") is not None:
                 HUGE_TOUCHED[cell] = r["huge_touched"]
         print(table(results, 0, saved["limits"]))
+        if args.plot:
+            plot(results, args.plot)
         return
     args.pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
     if args.tls:

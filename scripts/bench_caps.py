@@ -132,12 +132,36 @@ def med(runs, key):
 
 def report(title, results, extra):
     print(f"\n{title}")
-    print("| run | time s | CPU s | wire MiB | " + " | ".join(h for h, _ in extra) + " |")
+    print("| run | time s | CPU s | wire MiB |" + "".join(f" {h} |" for h, _ in extra))
     print("|---|---|---|---|" + "---|" * len(extra))
     for name, runs in results.items():
         print(f"| {name} | {med(runs, 'secs'):.2f} | {med(runs, 'cpu'):.2f} | "
-              f"{med(runs, 'wire') / MiB:.0f} | "
-              + " | ".join(f(runs) for _, f in extra) + " |")
+              f"{med(runs, 'wire') / MiB:.0f} |" + "".join(f" {f(runs)} |" for _, f in extra))
+
+
+def on_off_rounds(what, size, args):
+    """zero-copy or sandbox, off then on, QEMU -> QEMU and qmigd -> qmigd,
+    interleaved, over one mixed image; prints the medians."""
+    src_img = f"/dev/shm/{unique_name('bench-src')}.ram"
+    make_image(src_img, size, "mixed")
+    results = {}
+    try:
+        for r in range(args.repeat):
+            for pair in (("qemu", "qemu"), ("qmigd", "qmigd")):
+                for on in (False, True):
+                    opts = {"zero_copy" if what == "zero-copy" else "sandbox": on}
+                    run = multifd_run(pair, src_img, size, **opts)
+                    name = f"{NAMES[pair[0]]} -> {NAMES[pair[1]]} {what} {'on' if on else 'off'}"
+                    results.setdefault(name, []).append(run)
+                    print(f"  {name} run {r + 1}: {run['secs']:.3f} s, cpu {run['cpu']:.2f} s, "
+                          f"missed {run['missed']}, identical {run['ok']}", flush=True)
+                    if not run["ok"]:
+                        sys.exit("images differ")
+    finally:
+        remove(src_img)
+    extra = ([("syncs all copied", lambda runs: f"{med(runs, 'missed'):.0f}")]
+             if what == "zero-copy" else [])
+    report(f"{what}, {args.size} mixed, 4 multifd channels, loopback TCP", results, extra)
 
 
 def main():
@@ -156,47 +180,9 @@ def main():
     unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     size_of = lambda t: int(t[:-1]) * unit[t[-1]] if t[-1] in unit else int(t)
 
-    if args.only in (None, "zero-copy"):
-        size = size_of(args.size)
-        src_img = f"/dev/shm/{unique_name('bench-src')}.ram"
-        make_image(src_img, size, "mixed")
-        results = {}
-        try:
-            for r in range(args.repeat):
-                for pair in (("qemu", "qemu"), ("qmigd", "qmigd")):
-                    for on in (False, True):
-                        run = multifd_run(pair, src_img, size, zero_copy=on)
-                        name = f"{NAMES[pair[0]]} -> {NAMES[pair[1]]} zero-copy {'on' if on else 'off'}"
-                        results.setdefault(name, []).append(run)
-                        print(f"  {name} run {r + 1}: {run['secs']:.3f} s, cpu {run['cpu']:.2f} s, "
-                              f"missed {run['missed']}, identical {run['ok']}", flush=True)
-                        if not run["ok"]:
-                            sys.exit("images differ")
-        finally:
-            remove(src_img)
-        report(f"zero-copy-send, {args.size} mixed, 4 multifd channels, loopback TCP", results,
-               [("syncs all copied", lambda runs: f"{med(runs, 'missed'):.0f}")])
-
-    if args.only in (None, "sandbox"):
-        size = size_of(args.size)
-        src_img = f"/dev/shm/{unique_name('bench-src')}.ram"
-        make_image(src_img, size, "mixed")
-        results = {}
-        try:
-            for r in range(args.repeat):
-                for pair in (("qemu", "qemu"), ("qmigd", "qmigd")):
-                    for on in (False, True):
-                        run = multifd_run(pair, src_img, size, sandbox=on)
-                        name = (f"{NAMES[pair[0]]} -> {NAMES[pair[1]]} sandbox "
-                                f"{'on' if on else 'off'}")
-                        results.setdefault(name, []).append(run)
-                        print(f"  {name} run {r + 1}: {run['secs']:.3f} s, cpu {run['cpu']:.2f} s, "
-                              f"identical {run['ok']}", flush=True)
-                        if not run["ok"]:
-                            sys.exit("images differ")
-        finally:
-            remove(src_img)
-        report(f"sandbox, {args.size} mixed, 4 multifd channels, loopback TCP", results, [])
+    for what in ("zero-copy", "sandbox"):
+        if args.only in (None, what):
+            on_off_rounds(what, size_of(args.size), args)
 
     if args.only in (None, "xbzrle"):
         size, bw = size_of(args.xbzrle_size), size_of(args.bandwidth)

@@ -3,9 +3,10 @@ against qmigd reads at a glance: one group of bars per table row, one bar
 per series, the value written on each bar."""
 
 
-def bar_chart(path, title, ylabel, groups, series, log=False, note=None):
+def bar_chart(path, title, ylabel, groups, series, log=None, note=None):
     """groups: the x labels; series: {name: [value or None per group]}.
-    Writes a PNG at path."""
+    log: a logarithmic axis; None: only where the values span more than
+    20x (a linear one shows ratios as they are). Writes a PNG at path."""
     import sys
     try:
         import matplotlib
@@ -32,6 +33,9 @@ def bar_chart(path, title, ylabel, groups, series, log=False, note=None):
     ax.set_xticklabels(groups, rotation=30 if long_labels else 0,
                        ha="right" if long_labels else "center", fontsize=8)
     ax.set_ylabel(ylabel)
+    values = [v for vs in series.values() for v in vs if v]
+    if log is None:
+        log = bool(values) and max(values) > 20 * min(values)
     if log:
         ax.set_yscale("log")
     ax.set_title(title, fontsize=10)

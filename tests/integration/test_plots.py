@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""The benchmarks draw their tables: scripts/bench.py, bench_file.py and
+bench_park.py run small and with --plot write a PNG of the figures they
+print (python3-matplotlib, Debian's, for /usr/bin/python3); bench.py
+--from-json redraws a saved run. The charts the docs show are PNGs that
+exist."""
+import glob
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import tempfile
+
+from itest import test, main, check, skip
+from runner import QMIGD
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SCRIPTS = os.path.join(ROOT, "scripts")
+PYTHON = "/usr/bin/python3"
+
+
+def need_matplotlib():
+    if not os.path.exists(PYTHON) or subprocess.run(
+            [PYTHON, "-c", "import matplotlib"], capture_output=True).returncode != 0:
+        skip("python3-matplotlib is not installed (scripts/install-deps.sh installs it)")
+
+
+def png_size(path):
+    """(width, height) from the PNG's IHDR, or fails."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+    check(head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", f"{path} is not a PNG")
+    return struct.unpack(">II", head[16:24])
+
+
+def run_bench(argv, timeout=600):
+    env = {**os.environ, "QMIGD": os.path.abspath(QMIGD)}
+    r = subprocess.run([PYTHON] + argv, capture_output=True, text=True, timeout=timeout, env=env)
+    check(r.returncode == 0, f"{argv}: {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return r.stdout
+
+
+@test
+def test_bench_plots_what_it_prints_and_redraws_from_json():
+    need_matplotlib()
+    with tempfile.TemporaryDirectory(prefix="qmigd-plot-") as d:
+        png, js = os.path.join(d, "bench.png"), os.path.join(d, "bench.json")
+        out = run_bench([os.path.join(SCRIPTS, "bench.py"), "--size", "64M", "--content",
+                         "zero,mixed", "--channels", "4", "--repeat", "1", "--repeat-short", "1",
+                         "--warmup", "0", "--pairs", "qemu:qemu,qmigd:qmigd", "--plot", png,
+                         "--json", js])
+        check("| shm mixed mf4 multifd |" in out, out)
+        w, h = png_size(png)
+        check(w >= 600 and h >= 400, (w, h))
+        with open(js) as f:
+            runs = json.load(f)["runs"]
+        check(len(runs) == 4, f"{len(runs)} cells x pairs saved")
+        again = os.path.join(d, "again.png")
+        out = run_bench([os.path.join(SCRIPTS, "bench.py"), "--from-json", js, "--plot", again])
+        check("| shm zero mf4 multifd |" in out and png_size(again) == (w, h), out)
+
+
+@test
+def test_bench_file_plots_save_and_restore():
+    need_matplotlib()
+    with tempfile.TemporaryDirectory(prefix="qmigd-plot-") as d:
+        png = os.path.join(d, "file.png")
+        out = run_bench([os.path.join(SCRIPTS, "bench_file.py"), "--dir", d, "--size", "64M",
+                         "--repeat", "1", "--plot", png])
+        check(re.search(r"\| save s .*\| restore s", out, re.S), out)
+        png_size(png)
+
+
+@test
+def test_bench_park_plots_a_small_guest():
+    need_matplotlib()
+    if not glob.glob("/boot/vmlinuz-*") or not shutil.which("busybox"):
+        skip("no kernel or busybox-static for the guest (scripts/install-deps.sh installs them)")
+    with tempfile.TemporaryDirectory(prefix="qmigd-plot-") as d:
+        png = os.path.join(d, "park.png")
+        out = run_bench([os.path.join(SCRIPTS, "bench_park.py"), "--mem", "256M", "--fill", "16",
+                         "--repeat", "1", "--channels", "2", "--plot", png], timeout=900)
+        check("| QEMU -> qmigd (park) |" in out, out)
+        png_size(png)
+
+
+@test
+def test_charts_in_the_docs_exist():
+    shown = 0
+    for page in [os.path.join(ROOT, "README.md")] + glob.glob(os.path.join(ROOT, "docs", "*.md")):
+        with open(page) as f:
+            for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+\.png)\)", f.read()):
+                png_size(os.path.normpath(os.path.join(os.path.dirname(page), target)))
+                shown += 1
+    check(shown >= 3, f"only {shown} charts shown")
+
+
+if __name__ == "__main__":
+    main()
