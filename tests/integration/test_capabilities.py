@@ -121,24 +121,24 @@ NEEDS = {"switchover-ack": "return-path", "zero-copy-send": "multifd",
 
 
 @test
-def test_readme_table_matches_the_daemon():
-    """README's capability table lists query-migrate-capabilities' names in
-    its order; the ones it says are refused are, the rest are taken."""
+def test_docs_table_matches_the_daemon():
+    """docs/monitor.md's capability table lists query-migrate-capabilities'
+    names in its order; the ones it says are refused are, the rest are taken."""
     import os
     import re
-    readme = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
-    text = open(readme).read().split("### Capabilities", 1)[1].split("\n### ", 1)[0]
+    page = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "monitor.md")
+    text = open(page).read().split("## Capabilities", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `([a-z-]+)` \| (.*) \|$", text, re.M)
     with images(SIZE, "zero") as imgs:
         m = Peer("qmigd", "source", [(n, s, z) for n, s, _, z in imgs], "caps-readme")
         try:
             listed = [c["capability"] for c in m.qmp.cmd("query-migrate-capabilities")]
-            check([name for name, _ in rows] == listed, f"README {rows} vs {listed}")
+            check([name for name, _ in rows] == listed, f"docs {rows} vs {listed}")
             for name, what in rows:
                 want = [name] + ([NEEDS[name]] if name in NEEDS else [])
                 e = error_of(lambda: m.qmp.cmd("migrate-set-capabilities", capabilities=[
                     {"capability": c, "state": True} for c in want]))
-                check(what.startswith("refused") == bool(e), f"{name}: README {what!r}, daemon {e!r}")
+                check(what.startswith("refused") == bool(e), f"{name}: docs {what!r}, daemon {e!r}")
                 m.qmp.cmd("migrate-set-capabilities", capabilities=[
                     {"capability": c, "state": False} for c in reversed(want)])
         finally:
