@@ -7,6 +7,7 @@ systemd booted in that system (systemd-nspawn) starts qmigd-dest@ from an
 environment file as the README says: a qmigd source on this host parks a VM
 into it over TCP, byte for byte, and the unit stops cleanly."""
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -151,8 +152,13 @@ def test_deb_installs_on_fresh_debian_and_its_unit_parks_a_vm():
             check(lib in depends, f"{lib} not in Depends: {depends}")
         fresh_debian(root)
         shutil.copy(deb, os.path.join(root, "tmp/qmigd.deb"))
-        run(["chroot", root, "apt-get", "install", "-y", "-qq", "--no-install-recommends",
-             "/tmp/qmigd.deb"], timeout=600)
+        r = subprocess.run(["chroot", root, "apt-get", "install", "-y", "-qq",
+                            "--no-install-recommends", "/tmp/qmigd.deb"],
+                           capture_output=True, text=True, timeout=600)
+        if r.returncode != 0 and re.search(r"Temporary failure resolving|Could not resolve|"
+                                           r"Failed to fetch", r.stdout + r.stderr):
+            skip(f"no network to deb.debian.org for the package's dependencies: {r.stderr[-300:]}")
+        check(r.returncode == 0, f"apt-get install ./qmigd.deb: {r.stdout[-2000:]} {r.stderr[-2000:]}")
         check("qmigd" in run(["chroot", root, "qmigd", "--help"]), "qmigd --help")
         check("qmig SOCK" in run(["chroot", root, "qmig", "--help"]), "qmig --help")
         port = free_port()
