@@ -7,7 +7,7 @@ namespace qmigd {
 namespace {
 
 // The capabilities qmigd implements; the rest are listed (false) and
-// refused, each saying why (README "Capabilities").
+// refused, each saying why (docs/monitor.md, "Capabilities").
 const std::vector<std::string> kImplementedCaps = {
     "multifd", "events", "auto-converge", "mapped-ram", "return-path", "postcopy-ram",
     "postcopy-preempt", "pause-before-switchover", "switchover-ack", "validate-uuid",
