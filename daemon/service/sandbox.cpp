@@ -8,7 +8,9 @@
 #include <grp.h>
 #include <pwd.h>
 #include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <seccomp.h>
@@ -33,7 +35,7 @@ const char *const kSandboxAllowed[] = {
     "fdatasync", "sync_file_range", "fadvise64", "readahead", "rename", "renameat",
     "renameat2", "unlink", "unlinkat", "mkdir", "mkdirat", "rmdir", "getdents64", "access",
     "faccessat", "faccessat2", "readlink", "readlinkat", "fchmod", "fchmodat", "umask",
-    "getcwd", "chdir", "fchdir", "dup", "dup2", "dup3", "fcntl", "ioctl", "flock",
+    "getcwd", "chdir", "fchdir", "dup", "dup2", "dup3", "fcntl", "flock",
     "copy_file_range", "sendfile", "splice", "tee", "vmsplice", "pipe", "pipe2",
     // sockets: channels, QMP, /metrics, service notifications
     "socket", "socketpair", "bind", "listen", "accept", "accept4", "connect", "shutdown",
@@ -50,11 +52,26 @@ const char *const kSandboxAllowed[] = {
     "signalfd", "signalfd4", "kill", "tgkill", "tkill", "restart_syscall",
     // process: threads, exits, who we are, limits the daemon reads
     "exit", "exit_group", "getpid", "gettid", "getppid", "getuid", "geteuid", "getgid",
-    "getegid", "getgroups", "getresuid", "getresgid", "prctl", "arch_prctl", "prlimit64",
+    "getegid", "getgroups", "getresuid", "getresgid", "arch_prctl", "prlimit64",
     "getrlimit", "getrusage", "times", "sysinfo", "uname", "getrandom", "getcpu",
     "wait4", "waitid",
-    // postcopy: the destination's userfaultfd
-    "userfaultfd",
+};
+
+// Calls allowed only with these first or second arguments: ioctl's
+// requests (libuv's non-blocking and close-on-exec switches, a byte count,
+// the terminal check of the log's colours) and prctl's options (thread
+// names; reading the capability bounding set, which systemd's NSS modules
+// do while a tcp: host name is resolved). Everything else they can do
+// stays forbidden.
+struct ArgRule {
+    const char *name;
+    unsigned arg;
+    unsigned long value;
+};
+const ArgRule kSandboxAllowedArgs[] = {
+    {"ioctl", 1, FIONBIO}, {"ioctl", 1, FIOCLEX}, {"ioctl", 1, FIONCLEX},
+    {"ioctl", 1, FIONREAD}, {"ioctl", 1, TCGETS},
+    {"prctl", 0, PR_SET_NAME}, {"prctl", 0, PR_GET_NAME}, {"prctl", 0, PR_CAPBSET_READ},
 };
 
 // spawn=allow: QEMU's sets (obsolete, elevateprivileges, resourcecontrol)
@@ -133,6 +150,14 @@ Status build_allow_list(scmp_filter_ctx ctx)
 {
     for (const char *name : kSandboxAllowed) {
         QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, name));
+    }
+    for (const ArgRule &r : kSandboxAllowedArgs) {
+        int rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, seccomp_syscall_resolve_name(r.name), 1,
+                                  SCMP_CMP(r.arg, SCMP_CMP_EQ, r.value));
+        if (rc < 0) {
+            return Error(fmt::format("sandbox: cannot add a rule for {}: {}", r.name,
+                                     strerror(-rc)));
+        }
     }
     // Threads, not processes: fork() is clone without CLONE_THREAD.
     int rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(clone), 1,
@@ -234,7 +259,8 @@ Status sandbox_install(const SandboxOptions &o)
     g_denies_spawn = !o.spawn;
     spdlog::info("sandbox on: {} ({} calls), a forbidden call {}",
                  o.spawn ? "a deny-list, exec: allowed" : "an allow-list, exec: refused",
-                 o.spawn ? std::size(kSandboxDenied) : std::size(kSandboxAllowed) + 1,
+                 o.spawn ? std::size(kSandboxDenied)
+                         : std::size(kSandboxAllowed) + std::size(kSandboxAllowedArgs) + 1,
                  o.kill ? "kills" : "fails with EPERM");
     return {};
 }

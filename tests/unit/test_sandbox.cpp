@@ -7,6 +7,8 @@
 #include <csignal>
 #include <cstdio>
 #include <string>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <thread>
@@ -130,6 +132,18 @@ TEST_CASE("the allow-list: threads run, fork kills naming clone, or fails with E
         // A call no role needs at all: refused the same way.
         if (setpriority(PRIO_PROCESS, 0, 5) != -1 || errno != EPERM) {
             return 12;
+        }
+        // ioctl and prctl: what the daemon asks of them, and nothing else.
+        int n = 0;
+        if (ioctl(STDERR_FILENO, FIONBIO, &n) != 0 || prctl(PR_SET_NAME, "sbx", 0, 0, 0) != 0) {
+            return 13;
+        }
+        struct winsize ws {};
+        if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) != -1 || errno != EPERM) {
+            return 14;
+        }
+        if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) != -1 || errno != EPERM) {
+            return 15;
         }
         return 0;
     });
