@@ -118,6 +118,7 @@ class Booted:
                 if state in ("starting", "running", "degraded"):
                     return
             time.sleep(0.5)
+        self.poweroff()  # nothing of it may outlive the test
         check(False, f"the container did not boot (state {state!r})")
 
     def sh(self, *argv, check_rc=True, timeout=60):
