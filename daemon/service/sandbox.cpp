@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <grp.h>
+#include <optional>
 #include <pwd.h>
 #include <sched.h>
 #include <sys/ioctl.h>
@@ -133,13 +134,16 @@ void on_sigsys(int, siginfo_t *info, void *)
     raise(SIGSYS);
 }
 
-Status add_rule(scmp_filter_ctx ctx, uint32_t action, const char *name)
+// One rule for a call by name, optionally only where one argument compares
+// as `cmp` says; a call this architecture lacks is left out.
+Status add_rule(scmp_filter_ctx ctx, uint32_t action, const char *name,
+                std::optional<scmp_arg_cmp> cmp = std::nullopt)
 {
     int nr = seccomp_syscall_resolve_name(name);
     if (nr == __NR_SCMP_ERROR) {
-        return {}; // not a call of this architecture
+        return {};
     }
-    int rc = seccomp_rule_add(ctx, action, nr, 0);
+    int rc = seccomp_rule_add_array(ctx, action, nr, cmp ? 1 : 0, cmp ? &*cmp : nullptr);
     if (rc < 0 && rc != -EEXIST) {
         return Error(fmt::format("sandbox: cannot add a rule for {}: {}", name, strerror(-rc)));
     }
@@ -152,23 +156,12 @@ Status build_allow_list(scmp_filter_ctx ctx)
         QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, name));
     }
     for (const ArgRule &r : kSandboxAllowedArgs) {
-        int rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, seccomp_syscall_resolve_name(r.name), 1,
-                                  SCMP_CMP(r.arg, SCMP_CMP_EQ, r.value));
-        if (rc < 0) {
-            return Error(fmt::format("sandbox: cannot add a rule for {}: {}", r.name,
-                                     strerror(-rc)));
-        }
+        QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, r.name, SCMP_CMP(r.arg, SCMP_CMP_EQ, r.value)));
     }
     // Threads, not processes: fork() is clone without CLONE_THREAD.
-    int rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(clone), 1,
-                              SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, CLONE_THREAD));
-    if (rc == 0) {
-        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
-    }
-    if (rc < 0) {
-        return Error(fmt::format("sandbox: cannot add the clone rules: {}", strerror(-rc)));
-    }
-    return {};
+    QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, "clone",
+                       SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, CLONE_THREAD)));
+    return add_rule(ctx, SCMP_ACT_ERRNO(ENOSYS), "clone3");
 }
 
 Status build_deny_list(scmp_filter_ctx ctx, uint32_t deny)

@@ -5,7 +5,8 @@
 //   --sandbox on[,spawn=deny|allow][,action=kill|errno]
 //
 // spawn=deny (the default): a seccomp allow-list of the calls qmigd's two
-// roles make (kSandboxAllowed in sandbox.cpp); threads only (clone with
+// roles make (kSandboxAllowed in sandbox.cpp; ioctl and prctl only with the
+// arguments in kSandboxAllowedArgs); threads only (clone with
 // CLONE_THREAD), no fork, no execve. exec: migrations are refused in words
 // before anything is tried.
 // spawn=allow: exec: commands inherit the filter, and no allow-list can say
