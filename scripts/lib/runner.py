@@ -40,18 +40,32 @@ LOG_DIR = os.environ.get("QMIGD_LOG_DIR", "/tmp")
 SANDBOX = os.environ.get("QMIGD_SANDBOX", "")
 
 
-@contextlib.contextmanager
-def sandbox_spawning():
-    """qmigd peers started within run exec: commands: under QMIGD_SANDBOX
-    their sandbox allows it (spawn=allow, the deny-list)."""
+def sandbox_allow_spawn():
+    """qmigd peers started from now on run exec: commands: under
+    QMIGD_SANDBOX their sandbox allows it (spawn=allow, the deny-list)."""
     global SANDBOX
-    saved = SANDBOX
     if SANDBOX:
         SANDBOX = "on,spawn=allow"
+
+
+@contextlib.contextmanager
+def sandbox_spawning():
+    """sandbox_allow_spawn() for the peers started within."""
+    global SANDBOX
+    saved = SANDBOX
+    sandbox_allow_spawn()
     try:
         yield
     finally:
         SANDBOX = saved
+
+
+def proc_status(pid, tid=None):
+    """/proc/PID/status (or a thread's) as {field: text}; numbers stay text
+    ("VmRSS": "1234 kB"): int(status[k].split()[0]) reads them."""
+    path = f"/proc/{pid}/task/{tid}/status" if tid else f"/proc/{pid}/status"
+    with open(path) as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
 
 
 def log_file(name, ext=".log"):

@@ -32,6 +32,15 @@ def check(cond, msg="check failed"):
         raise AssertionError(msg)
 
 
+def run_ok(argv, timeout=300, **kw):
+    """Runs a command that must succeed; returns its stdout, or fails the
+    test with its exit status and the ends of its output."""
+    import subprocess
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
+    check(r.returncode == 0, f"{argv}: {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return r.stdout
+
+
 def clear_logs():
     """Empties this test's log directory (QMIGD_LOG_DIR, set by ctest) of
     an earlier run's logs, so that what it holds after a run is that run's."""

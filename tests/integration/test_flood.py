@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"
 import tls_certs  # noqa: E402
 from itest import test, main, check  # noqa: E402
 from fixtures import images, peers, MiB  # noqa: E402
-from runner import start_incoming, wait_status, files_equal  # noqa: E402
+from runner import start_incoming, wait_status, files_equal, proc_status  # noqa: E402
 
 SIZE = 64 * MiB
 BANDWIDTH = 48 * MiB  # about a second of migration: long enough to flood into
@@ -44,14 +44,8 @@ def certs():
 
 def usage(pid):
     fds = len(os.listdir(f"/proc/{pid}/fd"))
-    threads = rss = 0
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("Threads:"):
-                threads = int(line.split()[1])
-            elif line.startswith("VmRSS:"):
-                rss = int(line.split()[1]) // 1024
-    return fds, threads, rss
+    st = proc_status(pid)
+    return fds, int(st.get("Threads", "0")), int(st.get("VmRSS", "0").split()[0]) // 1024
 
 
 class Sampler(threading.Thread):

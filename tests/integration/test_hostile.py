@@ -11,7 +11,7 @@ import time
 
 from itest import test, main, check
 from fixtures import images, peers, MiB
-from runner import Peer, QMP, QMIGD, unique_name, remove, wait_status, start_incoming
+from runner import Peer, QMP, QMIGD, unique_name, remove, wait_status, start_incoming, proc_status
 
 SIZE = 16 * MiB
 
@@ -38,11 +38,7 @@ def read_replies(s, n):
 
 
 def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+    return int(proc_status(pid).get("VmRSS", "0").split()[0])  # 0 once it has exited
 
 
 def each_role(fn):

@@ -14,7 +14,7 @@ import tarfile
 import tempfile
 import time
 
-from itest import test, main, check, skip
+from itest import test, main, check, skip, run_ok as run
 from fixtures import images, MiB
 from runner import Peer, QMIGD, free_port, wait_status, files_equal, unique_name
 
@@ -24,12 +24,6 @@ SOURCE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 # ~30 s and the network); every test run unpacks a fresh copy of it.
 CACHE = "/var/cache/qmigd-tests/bookworm-minbase-systemd.tar"
 SIZE = 16 * MiB
-
-
-def run(argv, timeout=300, **kw):
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
-    check(r.returncode == 0, f"{argv}: {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
-    return r.stdout
 
 
 def build_deb(out):

@@ -13,7 +13,7 @@ import struct
 import subprocess
 import tempfile
 
-from itest import test, main, check, skip
+from itest import test, main, check, skip, run_ok
 from runner import QMIGD
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -36,10 +36,7 @@ def png_size(path):
 
 
 def run_bench(argv, timeout=600):
-    env = {**os.environ, "QMIGD": os.path.abspath(QMIGD)}
-    r = subprocess.run([PYTHON] + argv, capture_output=True, text=True, timeout=timeout, env=env)
-    check(r.returncode == 0, f"{argv}: {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
-    return r.stdout
+    return run_ok([PYTHON] + argv, timeout, env={**os.environ, "QMIGD": os.path.abspath(QMIGD)})
 
 
 @test

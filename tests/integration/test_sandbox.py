@@ -16,25 +16,14 @@ import time
 
 from itest import test, main, check, skip
 from fixtures import images, MiB
-from runner import Peer, QMIGD, migrate, wait_status, start_incoming, files_equal, unique_name
+from runner import proc_status, Peer, QMIGD, migrate, wait_status, files_equal, unique_name
 from qmp import QMPError
 
 SIZE = 32 * MiB
 
 
-def proc_status(pid):
-    with open(f"/proc/{pid}/status") as f:
-        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
-
-
 def thread_seccomp_modes(pid):
-    modes = set()
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/status") as f:
-            for line in f:
-                if line.startswith("Seccomp:"):
-                    modes.add(line.split()[1])
-    return modes
+    return {proc_status(pid, tid)["Seccomp"] for tid in os.listdir(f"/proc/{pid}/task")}
 
 
 @test

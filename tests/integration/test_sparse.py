@@ -9,7 +9,7 @@ import random
 import time
 
 from itest import test, main, check
-from runner import Peer, migrate, remove, unique_name, PAGE
+from runner import Peer, migrate, remove, unique_name, PAGE, proc_status
 
 TiB = 1 << 40
 DATA_PAGES = 8192
@@ -17,11 +17,7 @@ RSS_LIMIT_KIB = 2 << 20  # 2 GiB
 
 
 def peak_rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return 0
+    return int(proc_status(pid).get("VmHWM", "0").split()[0])  # 0 once it has exited
 
 
 def data_pages(path, size):

@@ -26,7 +26,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"
 import tls_certs  # noqa: E402
 from itest import test, main, check  # noqa: E402
 from fixtures import images, peers, hand_over_socketpair, MiB  # noqa: E402
-from runner import start_incoming, wait_status, files_equal, migrate, sandbox_spawning  # noqa: E402
+from runner import (start_incoming, wait_status, files_equal, migrate, sandbox_spawning,  # noqa: E402
+                    proc_status)
 from qmp import QMPError  # noqa: E402
 
 SIZE = 64 * MiB
@@ -496,14 +497,12 @@ def test_stalled_client_hellos_hold_no_thread():
         creds(d)
         d.set_migration(True, 2, extra_params={"tls-creds": "tls0"})
         port = start_incoming(d)
-        with open(f"/proc/{d.proc.pid}/status") as f:
-            before = int(next(l for l in f if l.startswith("Threads:")).split()[1])
+        before = int(proc_status(d.proc.pid)["Threads"])
         held = [socket.create_connection(("127.0.0.1", port)) for _ in range(100)]
         for h in held:
             h.sendall(b"\x16\x03\x01\x02\x00")  # a 512-byte record that never comes
         time.sleep(0.5)
-        with open(f"/proc/{d.proc.pid}/status") as f:
-            threads = int(next(l for l in f if l.startswith("Threads:")).split()[1])
+        threads = int(proc_status(d.proc.pid)["Threads"])
         check(threads == before, f"{threads - before} threads for 100 stalled ClientHellos")
         check(d.status()["status"] == "setup")
         migrate_to_listener(s, d, port)

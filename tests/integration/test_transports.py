@@ -17,12 +17,11 @@ import time
 from itest import test, main, check
 from fixtures import run_cell, images, peers, good_run, hand_over_socketpair, MiB
 from runner import unique_name, wait_status, remove, files_equal
-import runner
+from runner import sandbox_allow_spawn
 
 # Most of these run exec: commands: under QMIGD_SANDBOX their daemons allow
 # spawning (the deny-list; the allow-list refuses exec: in test_sandbox.py).
-if runner.SANDBOX:
-    runner.SANDBOX = "on,spawn=allow"
+sandbox_allow_spawn()
 from qmp import QMPError
 
 SIZE = 64 * MiB
