@@ -3,16 +3,40 @@
 # Then builds with each sanitizer in QMIGD_SANITIZE (default in CI:
 # "address thread"; locally: none) and runs the tests labelled `sanitizer`
 # (unit, loopback, bad input) under it, in build-asan / build-tsan.
+# Arguments go to the release build's ctest: `./scripts/test.sh -R NAME`
+# runs one test. Each phase says how long it took; each ctest run ends with
+# its ten slowest tests.
 set -euo pipefail
 if [ "${CI:-}" = true ]; then
     : "${QMIGD_SANITIZE=address thread}"
 fi
 cd "$(dirname "$0")/.."
 
+phase_start=$SECONDS
+phase() {
+    echo "test.sh: $1 took $((SECONDS - phase_start)) s (total $SECONDS s)"
+    phase_start=$SECONDS
+}
+
+# ctest in DIR with ARGS, its output kept, then its ten slowest tests.
+run_ctest() {
+    local dir=$1
+    shift
+    local log="$dir/ctest-output.log" rc=0
+    (cd "$dir" && ctest --output-on-failure "$@") 2>&1 | tee "$log" || rc=$?
+    echo "test.sh: slowest tests in $dir:"
+    sed -n 's/^ *[0-9]*\/[0-9]* Test *#[0-9]*: \([^ ]*\) .* \([0-9.]*\) sec$/\2 \1/p' "$log" \
+        | sort -rn | head -10 | awk '{printf "  %8.1f s  %s\n", $1, $2}'
+    return "$rc"
+}
+
 ./scripts/install-deps.sh
+phase "installing dependencies"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"
-(cd build && ctest --output-on-failure "$@")
+phase "building (release)"
+run_ctest build "$@"
+phase "release tests"
 
 for san in ${QMIGD_SANITIZE:-}; do
     dir="build-$san"
@@ -20,16 +44,18 @@ for san in ${QMIGD_SANITIZE:-}; do
     [ "$san" = thread ] && dir=build-tsan
     cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQMIGD_SANITIZE="$san" >/dev/null
     cmake --build "$dir" -j"$(nproc)" >"$dir/build.log" 2>&1 || { cat "$dir/build.log"; exit 1; }
-    (cd "$dir" && ctest --output-on-failure -L sanitizer)
+    phase "building ($san)"
+    run_ctest "$dir" -L sanitizer
+    phase "$san tests"
 done
 
-# A short libFuzzer run of each target (main-channel loader and multifd
-# packets, QMP input path, HMP, --ram, a parked VM's vm.json, authz-list,
-# migrate's channels, the return path) from its corpus, where clang is there.
+# A short libFuzzer run of each target in tests/fuzz/CMakeLists.txt from its
+# checked-in corpus, where clang is there; two at a time (one per core).
 if [ -n "${QMIGD_SANITIZE:-}" ] && command -v clang++ >/dev/null 2>&1; then
     CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQMIGD_FUZZ=ON >/dev/null
-    cmake --build build-fuzz --target fuzz_loadvm fuzz_multifd_compress fuzz_qmp fuzz_hmp fuzz_ram_option \
-        fuzz_parked_vm fuzz_authz fuzz_channels fuzz_return_path fuzz_xbzrle \
-        -j"$(nproc)" >build-fuzz/build.log 2>&1 || { cat build-fuzz/build.log; exit 1; }
-    (cd build-fuzz && ctest --output-on-failure -L fuzz)
+    cmake --build build-fuzz --target fuzz_all -j"$(nproc)" >build-fuzz/build.log 2>&1 \
+        || { cat build-fuzz/build.log; exit 1; }
+    phase "building (fuzz)"
+    run_ctest build-fuzz -L fuzz -j"$(nproc)"
+    phase "fuzzing"
 fi
