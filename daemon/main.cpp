@@ -1,6 +1,7 @@
 // qmigd: QEMU-compatible live-migration daemons.
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -27,7 +28,8 @@ void add_common(CLI::App *cmd, DaemonOptions &o, std::string &uuid, std::string 
         ->check(CLI::IsMember({"auto", "file", "mapped"}));
     cmd->add_option("--qmp", o.qmp_path, "QMP monitor unix socket path")->required();
     auto *ram = cmd->add_option("--ram", o.ram_specs,
-                                "RAM block: NAME=FILE[,size=BYTES][,dirty=PATH]");
+                                "RAM block: NAME=FILE[,size=BYTES][,dirty=PATH][,addr=GPA] (sizes as "
+                                "QEMU's: 256M, 1.5G, 0x10000000)");
     auto *dir = cmd->add_option("--ram-dir", o.ram_dir,
                                 "a parked VM's directory: dest parks whatever VM the stream "
                                 "carries there, source migrates the VM parked there");
@@ -49,14 +51,40 @@ void add_common(CLI::App *cmd, DaemonOptions &o, std::string &uuid, std::string 
                     "serve /metrics for Prometheus at HOST:PORT (or tcp:HOST:PORT)");
 }
 
+const char *const kCommands[] = {"source", "dest", "guest", "limits", "version"};
+
+// CLI11 answers "A subcommand is required" to a mistyped one; say which
+// word it did not know and what it knows.
+bool known_command(int argc, char **argv)
+{
+    if (argc < 2 || argv[1][0] == '-') {
+        return true;
+    }
+    for (const char *c : kCommands) {
+        if (std::strcmp(argv[1], c) == 0) {
+            return true;
+        }
+    }
+    std::fprintf(stderr,
+                 "qmigd: unknown command '%s' (commands: source, dest, guest, limits, "
+                 "version; qmigd --help)\n",
+                 argv[1]);
+    return false;
+}
+
 } // namespace
 
 int main(int argc, char **argv)
 {
     // A peer that goes away must show up as a write error, not kill us.
     std::signal(SIGPIPE, SIG_IGN);
+    if (!known_command(argc, argv)) {
+        return 2;
+    }
     CLI::App app{"qmigd: QEMU-compatible live-migration daemons"};
     app.require_subcommand(1);
+    app.set_version_flag("--version", "qmigd version " QMIGD_VERSION);
+    auto *version = app.add_subcommand("version", "print qmigd's version");
     DaemonOptions src, dst;
     std::string src_uuid, dst_uuid, src_level = "info", dst_level = "info";
     std::string src_path = "auto", dst_path = "auto";
@@ -94,6 +122,10 @@ int main(int argc, char **argv)
         ->check(CLI::ExistingDirectory);
     CLI11_PARSE(app, argc, argv);
 
+    if (version->parsed()) {
+        std::printf("qmigd version %s\n", QMIGD_VERSION);
+        return 0;
+    }
     if (limits->parsed()) {
         std::printf("%s\n", measure_limits(limits_dir).dump(2).c_str());
         return 0;

@@ -1,41 +1,26 @@
 #include "daemon/ram_blocks.h"
 
-#include <cctype>
-#include <cerrno>
 #include <sstream>
 
 #include <spdlog/spdlog.h>
+
+#include "monitor/qemu_size.h"
 
 namespace qmigd {
 
 bool parse_size(const std::string &text, uint64_t *out)
 {
-    if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) {
-        return false; // no sign, no blanks
+    auto v = qemu_strtosz(text, 0);
+    if (v) {
+        *out = *v;
     }
-    char *end = nullptr;
-    errno = 0;
-    unsigned long long v = std::strtoull(text.c_str(), &end, 10);
-    if (errno == ERANGE) {
-        return false;
-    }
-    // Not std::string(end): a NUL inside the text would hide what follows.
-    std::string suffix = text.substr(size_t(end - text.c_str()));
-    static const std::string units = "bkmgtpe";
-    unsigned shift = 0;
-    if (!suffix.empty()) {
-        size_t u = units.find(char(std::tolower(static_cast<unsigned char>(suffix[0]))));
-        if (suffix.size() != 1 || u == std::string::npos) {
-            return false;
-        }
-        shift = unsigned(u) * 10;
-    }
-    if (shift && uint64_t(v) > (UINT64_MAX >> shift)) {
-        return false; // 16777216T: wraps in 64 bits
-    }
-    *out = uint64_t(v) << shift;
-    return true;
+    return v.has_value();
 }
+
+namespace {
+// QEMU says only "expects a size value"; the forms it takes, said once.
+const char *const kSizeForms = " (bytes, or with a unit: 256M, 1.5G, 0x10000000)";
+} // namespace
 
 Result<RamBlockSpec> ram_block_spec_parse(const std::string &text)
 {
@@ -55,13 +40,13 @@ Result<RamBlockSpec> ram_block_spec_parse(const std::string &text)
             first = false;
         } else if (key == "size") {
             if (!parse_size(val, &spec.size)) {
-                return Error("--ram '" + text + "': Parameter 'size' expects a size value");
+                return Error("--ram '" + text + "': Parameter 'size' expects a size value" + kSizeForms);
             }
         } else if (key == "dirty") {
             spec.dirty_path = val;
         } else if (key == "addr") {
             if (!parse_size(val, &spec.addr)) {
-                return Error("--ram '" + text + "': Parameter 'addr' expects a number");
+                return Error("--ram '" + text + "': Parameter 'addr' expects a number" + kSizeForms);
             }
         } else {
             return Error("--ram '" + text + "': unknown option '" + key + "'");

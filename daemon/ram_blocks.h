@@ -39,7 +39,7 @@ Result<std::vector<RAMBlock>> ram_blocks_open(const std::vector<std::string> &sp
                                               bool with_dirty_bitmap,
                                               PagePathMode mode = PagePathMode::Auto);
 std::vector<RamBlockDesc> ram_block_descs(const std::vector<RAMBlock> &blocks);
-// Parses 123, 4K, 256M, 1G (binary units).
+// QEMU's size syntax (monitor/qemu_size.h): 123, 4K, 1.5M, 0x100000; binary units.
 bool parse_size(const std::string &text, uint64_t *out);
 
 } // namespace qmigd

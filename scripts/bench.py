@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from charts import bar_chart  # noqa: E402
 from runner import Peer, make_image, migrate, files_equal, remove, unique_name, QMIGD  # noqa: E402
 from backing import backing_dir, Unavailable  # noqa: E402
+from qmp_args import parse_size  # noqa: E402
 
 CELL_SIZE = {}  # cell -> image bytes (a grid mixes 4 GiB and 2 GiB cells)
 HUGE_TOUCHED = {}  # cell -> bytes of the 2 MiB pages holding any non-zero byte
@@ -39,11 +40,6 @@ GRID_4K = dict(backing=["shm"], size="4G", content=["zero", "random", "mixed", "
                channels=[0, 1, 2, 4, 8], zpd=["none", "legacy", "multifd"], compression=["none"])
 GRID_HUGE = dict(backing=["thp", "hugetlbfs"], size="2G", content=["zero", "random", "mixed"],
                  channels=[4], zpd=["multifd"], compression=["none"])
-
-
-def parse_size(text):
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * mult[text[-1]] if text[-1] in mult else int(text)
 
 
 def cpu_seconds(pid):

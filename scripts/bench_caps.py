@@ -33,6 +33,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from runner import (Guest, Peer, make_image, migrate, files_equal, remove,  # noqa: E402
                     unique_name, start_incoming, wait_status)
+from qmp_args import parse_size  # noqa: E402
 
 MiB = 1 << 20
 NAMES = {"qemu": "QEMU", "qmigd": "qmigd"}
@@ -177,8 +178,7 @@ def main():
                     help="an xbzrle run that has not converged by then is cancelled (time inf)")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    size_of = lambda t: int(t[:-1]) * unit[t[-1]] if t[-1] in unit else int(t)
+    size_of = parse_size
 
     for what in ("zero-copy", "sandbox"):
         if args.only in (None, what):

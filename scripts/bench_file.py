@@ -23,11 +23,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from charts import bar_chart  # noqa: E402
 from runner import Peer, make_image, wait_status, files_equal, remove, unique_name  # noqa: E402
-
-
-def parse_size(text):
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * mult[text[-1]] if text[-1] in mult else int(text)
+from qmp_args import parse_size  # noqa: E402
 
 
 def read_through(path, chunk=4 << 20):

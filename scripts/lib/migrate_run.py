@@ -39,17 +39,17 @@ import sys
 import time
 
 from qmp import QMP, QMPError
-from qmp_args import parse_args, UsageError
+from qmp_args import parse_args, parse_size, UsageError
 import runner
 
 MiB = 1 << 20
 
 
-def parse_size(v):
-    if isinstance(v, int):
-        return v
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(v[:-1]) * mult[v[-1]] if v[-1] in mult else int(v)
+def size_arg(text):
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 class Side:
@@ -270,6 +270,9 @@ def run(scn, out=sys.stdout):
         line, d = summary(dinfo.get("status") if rc == 0 else "failed", secs, info)
         print(json.dumps(d) if scn.get("json") else line, file=out, flush=True)
         return rc
+    except KeyboardInterrupt:
+        interrupted(src if not incoming else None, dst if incoming else None, out)
+        return 130
     except QMPError:
         if incoming:
             # The destination listens for a migration this run will not
@@ -286,6 +289,21 @@ def run(scn, out=sys.stdout):
         for side in (src, dst):
             if side:
                 side.close(scn.get("keep-images", False))
+
+
+def interrupted(src, dst, out):
+    """Ctrl-C: cancel the migration this run started (on the source, or the
+    destination's listening before it began), as virsh migrate does."""
+    for side, what in ((src, "migration"), (dst, "incoming migration")):
+        qmp = getattr(side, "qmp", None)
+        if not qmp:
+            continue
+        where = "source" if side.role == "source" else "destination"
+        try:
+            qmp.cmd("migrate_cancel")
+            print(f"\ninterrupted: {what} cancelled on the {where}", file=out)
+        except (OSError, QMPError) as e:
+            print(f"\ninterrupted: could not cancel the {what} on the {where}: {e}", file=out)
 
 
 def verify(scn, src, dst, out):
@@ -309,19 +327,29 @@ def run_main(argv):
     ap.add_argument("scenario", nargs="?", help="JSON scenario file")
     ap.add_argument("--src", help="source QMP socket")
     ap.add_argument("--dst", help="destination QMP socket")
-    ap.add_argument("--uri", default="tcp:127.0.0.1:0")
+    ap.add_argument("--uri", default="tcp:127.0.0.1:0",
+                    help="where the destination listens and the source connects (default "
+                         "%(default)s: port 0 asks the destination for a free one)")
     ap.add_argument("--multifd", type=int, metavar="CHANNELS", help="enable multifd with N channels")
-    ap.add_argument("--zpd", choices=["none", "legacy", "multifd"])
-    ap.add_argument("--max-bandwidth", type=int)
-    ap.add_argument("--events", action="store_true")
+    ap.add_argument("--zpd", choices=["none", "legacy", "multifd"],
+                    help="zero-page-detection on the source (default: the source's own, "
+                         "multifd on QEMU 10 and qmigd)")
+    ap.add_argument("--max-bandwidth", type=size_arg, metavar="BYTES_PER_S",
+                    help="the source's max-bandwidth, in bytes per second with QEMU's units "
+                         "(16M, 1G); 0 is no limit (default: the source's own, 128M on QEMU 10)")
+    ap.add_argument("--events", action="store_true",
+                    help="turn on the events capability (MIGRATION events on both monitors)")
     ap.add_argument("--postcopy", type=float, nargs="?", const=0.0, metavar="AFTER",
                     help="postcopy-ram on both sides, and migrate-start-postcopy AFTER seconds "
                          "into the migration (at once without a value): the destination runs "
                          "the guest at once and fetches what it touches")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a migration parameter for both sides")
-    ap.add_argument("--verify", action="append", default=[], metavar="SRC_IMG:DST_IMG")
-    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--verify", action="append", default=[], metavar="SRC_IMG:DST_IMG",
+                    help="after completion, compare these two RAM images byte for byte "
+                         "(repeatable); exit 1 if they differ")
+    ap.add_argument("--timeout", type=float, default=600, metavar="SECONDS",
+                    help="cancel the migration if it has not ended by then (default %(default)s)")
     ap.add_argument("--json", action="store_true", help="the last line as JSON, not key=value")
     a = ap.parse_args(argv)
     if a.scenario:

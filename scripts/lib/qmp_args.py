@@ -41,3 +41,37 @@ def parse_args(pairs):
             raise UsageError(f"{name!r} is given twice, or also as the start of a dotted name")
         node[leaf] = parse_value(name, text)
     return args
+
+
+_UNITS = "BKMGTPE"
+
+
+def parse_size(text):
+    """QEMU's size syntax (util/cutils.c, as monitor/qemu_size.h): decimal
+    with an optional fraction, or 0x hex; then an optional unit B K M G T P E
+    (binary, any case). An int passes through. ValueError when it is not a
+    size, in QEMU's words with the forms it takes."""
+    if isinstance(text, int):
+        return text
+    t = text.strip()
+    unit = t[-1:].upper()
+    shift = 10 * _UNITS.index(unit) if unit and unit in _UNITS else 0
+    number = t[:-1] if shift or unit == "B" else t
+    try:
+        if number[:2].lower() == "0x":
+            value = int(number[2:], 16) << shift
+        elif "." in number:
+            whole, frac = number.split(".", 1)
+            if not shift or not whole.isdigit() or not (frac.isdigit() or frac == ""):
+                raise ValueError
+            value = (int(whole) << shift) + int(float("0." + (frac or "0")) * (1 << shift))
+        elif number.isdigit():
+            value = int(number) << shift
+        else:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"'{text}' expects a size value (bytes, or with a unit: "
+                         "256M, 1.5G, 0x10000000)") from None
+    if value >= 1 << 64:
+        raise ValueError(f"'{text}' does not fit in 64 bits")
+    return value

@@ -14,8 +14,8 @@ import signal
 import subprocess
 import tempfile
 
-from itest import test, main, check
-from runner import Peer, QMIGD, QEMU, free_port, unique_name, remove
+from itest import test, main, check, Skip
+from runner import Peer, QMIGD, free_port, unique_name, remove
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PAGES = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
@@ -93,22 +93,30 @@ def run_block(page, text):
     env = {**os.environ, "PATH": os.pathsep.join(
         [os.path.dirname(os.path.abspath(QMIGD)), os.path.dirname(QMIG), os.environ["PATH"]])}
     with tempfile.TemporaryDirectory(prefix="qmigd-doc-") as cwd:
-        proc = subprocess.Popen(["bash", "-e", "-o", "pipefail", "-c", script], cwd=cwd, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+        return run_script(page, script, ["bash", "-e", "-o", "pipefail", "-c", script], cwd, env,
+                          paths)
+
+
+def run_script(page, script, argv, cwd, env, paths):
+    """Runs argv (a shell running script) in its own session; fails the test
+    unless it exits 0 within 180 s; kills what it left running and removes
+    paths. Returns its output."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        check(False, f"{page}: a block did not finish in 180 s:\n{script}\n{out[-3000:]}")
+    finally:
         try:
-            out, _ = proc.communicate(timeout=180)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            check(False, f"{page}: a block did not finish in 180 s:\n{script}\n{out[-3000:]}")
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # whatever it left running
-            except ProcessLookupError:
-                pass
-            for p in paths:
-                subprocess.run(["rm", "-rf", p])
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever it left running
+        except ProcessLookupError:
+            pass
+        for p in paths:
+            subprocess.run(["rm", "-rf", p])
     check(proc.returncode == 0,
           f"{page}: exit {proc.returncode} from\n{script}\n--- output ---\n{out[-3000:]}")
     return out
@@ -126,6 +134,25 @@ def test_marked_blocks_run_as_written():
                     check(": identical" in out, out[-2000:])
                 ran += 1
     check(ran >= 3, f"only {ran} runnable blocks")
+
+
+@test
+def test_readme_as_a_newcomer_runs_it():
+    """After the README's two commands (install-deps, cmake build in
+    build/), its runnable blocks, in order, exactly as written (their own
+    /tmp and /dev/shm names, port 4444), from the clone's top in a new login
+    shell with nothing of this test's environment."""
+    built = os.path.join(ROOT, "build", "bin", "qmigd")
+    if os.path.realpath(QMIGD) != os.path.realpath(built):
+        raise Skip(f"the README's build is {built}; this run tests {QMIGD}")
+    script = "\n".join(text for lang, text, marked in blocks(PAGES[0]) if marked)
+    paths = re.findall(r"(?:/tmp|/dev/shm)/[\w.-]+", script)
+    env = {"HOME": os.environ.get("HOME", "/root"), "TERM": "dumb"}
+    out = run_script("README.md", script,
+                     ["env", "-i", *[f"{k}={v}" for k, v in env.items()],
+                      "bash", "-l", "-e", "-o", "pipefail", "-c", script], ROOT, None,
+                     sorted(set(paths)))
+    check(out.count(": identical") == 2, out[-2000:])
 
 
 def logical_lines(text):

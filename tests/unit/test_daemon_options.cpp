@@ -11,7 +11,7 @@
 
 using namespace qmigd;
 
-TEST_CASE("--ram sizes: units, and no silent wrap", "[daemon]")
+TEST_CASE("--ram sizes: QEMU's syntax, and no silent wrap", "[daemon]")
 {
     uint64_t v = 0;
     CHECK(parse_size("4096", &v));
@@ -25,14 +25,19 @@ TEST_CASE("--ram sizes: units, and no silent wrap", "[daemon]")
     CHECK_FALSE(parse_size("16384P", &v));
     CHECK_FALSE(parse_size("99999999999999999999", &v));
     CHECK_FALSE(parse_size("-1", &v));
-    CHECK_FALSE(parse_size(" 1", &v));
+    CHECK(parse_size("1.5M", &v)); // memory-backend-file,size=1.5M: QEMU 10 takes it
+    CHECK(v == 3u << 19);
+    CHECK(parse_size("0x100000", &v));
+    CHECK(v == 1u << 20);
+    CHECK(parse_size(" 1", &v)); // leading blanks, as QEMU's strtosz
+    CHECK_FALSE(parse_size("1.5", &v)); // a fraction of a byte
     CHECK_FALSE(parse_size("1Kb", &v));
     CHECK_FALSE(parse_size("", &v));
     CHECK_FALSE(parse_size(std::string("1\0x", 3), &v)); // found by fuzz_ram_option
     auto spec = ram_block_spec_parse("mem=/dev/shm/x,size=16777216T");
     REQUIRE_FALSE(spec.ok());
-    CHECK(spec.error().message().find("Parameter 'size' expects a size value") !=
-          std::string::npos);
+    CHECK(spec.error().message().find("Parameter 'size' expects a size value (bytes, or with a "
+                                      "unit: 256M, 1.5G, 0x10000000)") != std::string::npos);
 }
 
 TEST_CASE("wire names become printable text", "[protocol]")

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""What a newcomer types first: qmigd's and qmig's version and help, a
+mistyped command, QEMU's size syntax in --ram and in qmig run, Ctrl-C of a
+migration qmig started (cancelled on both sides, no traceback), and the
+destination's `info migrate` next to a QEMU 10 destination's."""
+import os
+import signal
+import subprocess
+import time
+
+from itest import test, main, check
+from runner import (Peer, QMIGD, make_image, migrate, remove, start_incoming, unique_name,
+                    wait_status)
+
+QMIG = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "qmig")
+MiB = 1 << 20
+
+
+def run(argv, **kw):
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30, **kw)
+
+
+@test
+def test_versions_and_a_mistyped_command():
+    for argv in ([QMIGD, "--version"], [QMIGD, "version"]):
+        r = run(argv)
+        check(r.returncode == 0 and r.stdout.startswith("qmigd version "), r)
+    r = run([QMIGD, "src"])
+    check(r.returncode == 2 and "unknown command 'src'" in r.stderr and "dest" in r.stderr, r)
+    r = run([QMIG, "--version"])
+    check(r.returncode == 0 and "qmigd version " in r.stdout, r)
+    r = run([QMIGD, "dest", "--help"])
+    check("addr=GPA" in r.stdout and "1.5G" in r.stdout, r.stdout)
+
+
+@test
+def test_help_into_a_closed_pipe():
+    r = subprocess.run(f"{QMIG} --help | head -1; {QMIG} run --help | head -1", shell=True,
+                       capture_output=True, text=True, timeout=30)
+    check("Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr)
+    lines = run([QMIG, "run", "--help"]).stdout.split("\n")
+    for opt in ("--uri", "--zpd", "--max-bandwidth", "--events", "--verify", "--timeout"):
+        at = next(i for i, ln in enumerate(lines) if ln.strip().startswith(opt))
+        said = lines[at].strip().split("  ", 1)[1:]  # help on the option's own line
+        for ln in lines[at + 1:]:
+            if not ln.strip() or ln.strip().startswith("-"):
+                break
+            said.append(ln.strip())
+        check(" ".join(said).strip(), f"qmig run --help says nothing of {opt}")
+
+
+@test
+def test_ram_sizes_in_qemu_syntax():
+    for size, want in (("1.5M", 3 * MiB // 2), ("0x100000", MiB)):
+        img = f"/dev/shm/{unique_name('size')}.ram"
+        try:
+            p = Peer("qmigd", "dest", [("mem", img, size)], "size")
+            p.stop()
+            check(os.path.getsize(img) == want, f"size={size}: {os.path.getsize(img)}")
+        finally:
+            remove(img)
+    img = f"/dev/shm/{unique_name('size')}.ram"
+    r = run([QMIGD, "dest", "--qmp", f"/tmp/{unique_name('size')}.qmp",
+             "--ram", f"mem={img},size=1.5"])
+    check(r.returncode != 0 and "256M, 1.5G, 0x10000000" in r.stderr, r)
+    check(not os.path.exists(img), "an image was made for a bad size")
+
+
+def pair(size):
+    s_img, d_img = (f"/dev/shm/{unique_name(t)}.ram" for t in ("cli-src", "cli-dst"))
+    make_image(s_img, size, "random")
+    src = Peer("qmigd", "source", [("mem", s_img, size)], "cli-src")
+    dst = Peer("qmigd", "dest", [("mem", d_img, size)], "cli-dst")
+    return src, dst, (s_img, d_img)
+
+
+def interrupt_when_active(proc, src):
+    wait_status(src, ("active",), timeout=30)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    return out
+
+
+@test
+def test_ctrl_c_of_qmig_run_cancels():
+    src, dst, imgs = pair(64 * MiB)
+    try:
+        proc = subprocess.Popen([QMIG, "run", "--src", src.qmp_path, "--dst", dst.qmp_path,
+                                 "--max-bandwidth", "4M"], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        out = interrupt_when_active(proc, src)
+        check(proc.returncode == 130, f"exit {proc.returncode}: {out}")
+        check("Traceback" not in out and "interrupted: migration cancelled on the source" in out,
+              out)
+        check(src.status()["status"] == "cancelled", src.status())
+        check(src.qmp.cmd("query-migrate-parameters")["max-bandwidth"] == 4 * MiB,
+              "--max-bandwidth 4M is not 4 MiB/s")
+        wait_status(dst, ("failed", "cancelled"), timeout=30, fail_on=())
+    finally:
+        src.stop()
+        dst.stop()
+        remove(*imgs)
+
+
+@test
+def test_ctrl_c_of_migrate_wait_cancels():
+    src, dst, imgs = pair(64 * MiB)
+    try:
+        src.qmp.cmd("migrate-set-parameters", {"max-bandwidth": 4 * MiB})
+        port = start_incoming(dst)
+        proc = subprocess.Popen([QMIG, src.qmp_path, "migrate", f"uri=tcp:127.0.0.1:{port}",
+                                 "--wait"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        out = interrupt_when_active(proc, src)
+        check(proc.returncode == 130 and "Traceback" not in out, f"exit {proc.returncode}: {out}")
+        check("interrupted: migration cancelled" in out, out)
+        check(src.status()["status"] == "cancelled", src.status())
+    finally:
+        src.stop()
+        dst.stop()
+        remove(*imgs)
+
+
+def dest_info_after_migration(kind):
+    s_img, d_img = (f"/dev/shm/{unique_name(t)}.ram" for t in ("info-src", "info-dst"))
+    make_image(s_img, 16 * MiB, "mixed")
+    src = Peer(kind, "source", [("mem", s_img, 16 * MiB)], "info-src")
+    dst = Peer(kind, "dest", [("mem", d_img, 16 * MiB)], "info-dst")
+    try:
+        migrate(src, dst, multifd=False)
+        wait_status(dst, ("completed",), timeout=30)
+        return dst.qmp.hmp("info migrate"), dst.status()
+    finally:
+        src.stop()
+        dst.stop()
+        remove(s_img, d_img)
+
+
+@test
+def test_destination_info_migrate_as_qemu():
+    """QEMU 10's destination keeps no timings: `total time: 0 ms` and a
+    query-migrate of the status alone. qmigd's says the same."""
+    q_text, q_info = dest_info_after_migration("qemu")
+    m_text, m_info = dest_info_after_migration("qmigd")
+    status = [ln for ln in q_text.split("\r\n") if ln.startswith(("Migration status", "total"))]
+    for ln in status:
+        check(ln in m_text.split("\r\n"), f"QEMU 10 says {ln!r}; qmigd:\n{m_text}")
+    check(q_info == {"status": "completed"} and m_info.get("status") == "completed",
+          f"QEMU {q_info}, qmigd {m_info}")
+
+
+if __name__ == "__main__":
+    main()
