@@ -1,6 +1,7 @@
-"""Test certificates for TLS migrations, made with Debian's certtool
-(gnutls-bin) at test time: never checked in. Directories are laid out as
-QEMU's tls-creds-x509 wants them."""
+"""x509 certificates for TLS migrations, made with Debian's certtool
+(gnutls-bin): `qmig certs DIR` (make_set) and the tests, which make theirs
+at test time (never checked in). Directories are laid out as QEMU's
+tls-creds-x509 wants them."""
 import os
 import shutil
 import subprocess
@@ -30,14 +31,17 @@ def _key(path):
 class CA:
     """A certificate authority that signs server and client certificates."""
 
-    def __init__(self, root, name="qmigd test CA"):
-        self.dir = os.path.join(root, name.replace(" ", "-"))
+    organization = "qmigd tests"
+
+    def __init__(self, root, name="qmigd test CA", days=3, subdir=True):
+        self.dir = os.path.join(root, name.replace(" ", "-")) if subdir else root
+        self.days = days
         os.makedirs(self.dir, exist_ok=True)
         self.key = os.path.join(self.dir, "ca-key.pem")
         self.cert = os.path.join(self.dir, "ca-cert.pem")
         _key(self.key)
         _certtool("--generate-self-signed", "--load-privkey", self.key, "--outfile", self.cert,
-                  template=f'cn = "{name}"\nca\ncert_signing_key\nexpiration_days = 3\n')
+                  template=f'cn = "{name}"\nca\ncert_signing_key\nexpiration_days = {days}\n')
 
     def issue(self, out_dir, role, cn, dns=("localhost",), ips=("127.0.0.1",), dates=None,
               units=()):
@@ -45,11 +49,12 @@ class CA:
         (role: server or client). dates: (activation, expiration) strings;
         units: organizational units, each an OU of the subject."""
         os.makedirs(out_dir, exist_ok=True)
-        shutil.copy(self.cert, os.path.join(out_dir, "ca-cert.pem"))
+        if os.path.realpath(out_dir) != os.path.realpath(self.dir):
+            shutil.copy(self.cert, os.path.join(out_dir, "ca-cert.pem"))
         key = os.path.join(out_dir, f"{role}-key.pem")
         cert = os.path.join(out_dir, f"{role}-cert.pem")
         _key(key)
-        t = f'organization = "qmigd tests"\ncn = "{cn}"\nsigning_key\nencryption_key\n'
+        t = f'organization = "{self.organization}"\ncn = "{cn}"\nsigning_key\nencryption_key\n'
         t += "".join(f'unit = "{u}"\n' for u in units)
         t += "tls_www_server\n" if role == "server" else "tls_www_client\n"
         t += "".join(f'dns_name = "{d}"\n' for d in dns)
@@ -57,7 +62,7 @@ class CA:
         if dates:
             t += f'activation_date = "{dates[0]}"\nexpiration_date = "{dates[1]}"\n'
         else:
-            t += "expiration_days = 3\n"
+            t += f"expiration_days = {self.days}\n"
         _certtool("--generate-certificate", "--load-privkey", key, "--load-ca-certificate",
                   self.cert, "--load-ca-privkey", self.key, "--outfile", cert, template=t)
         return out_dir
@@ -77,3 +82,17 @@ def subject_dn(cert_dir, role):
                          check=True, capture_output=True, text=True).stdout
     rfc4514 = next(l.split("Subject: ", 1)[1] for l in out.splitlines() if "Subject: " in l)
     return ",".join(reversed(rfc4514.split(",")))
+
+
+def make_set(out_dir, dns, ips, client_cn, days):
+    """One directory both ends can use (copy it to each host): a new CA's
+    ca-cert.pem (its ca-key.pem too, 0600: it signs new certificates, keep
+    it off the hosts), server-cert.pem/server-key.pem for the destination
+    carrying the names and addresses the source will dial, and
+    client-cert.pem/client-key.pem for the source (what verify-peer and an
+    authz-list check). Returns the client's DN as authz-list rules match it."""
+    ca = CA(out_dir, "qmigd CA", days=days, subdir=False)
+    ca.organization = "qmigd"
+    ca.issue(out_dir, "server", dns[0] if dns else ips[0], dns=dns, ips=ips)
+    ca.issue(out_dir, "client", client_cn, dns=(), ips=())
+    return subject_dn(out_dir, "client")

@@ -4,6 +4,7 @@ mistyped command, QEMU's size syntax in --ram and in qmig run, Ctrl-C of a
 migration qmig started (cancelled on both sides, no traceback), and the
 destination's `info migrate` next to a QEMU 10 destination's."""
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -148,6 +149,63 @@ def test_destination_info_migrate_as_qemu():
         check(ln in m_text.split("\r\n"), f"QEMU 10 says {ln!r}; qmigd:\n{m_text}")
     check(q_info == {"status": "completed"} and m_info.get("status") == "completed",
           f"QEMU {q_info}, qmigd {m_info}")
+
+
+@test
+def test_certs_in_one_command_serve_qemu():
+    """qmig certs DIR, then a TLS migration (verify-peer on) from qmigd into
+    a QEMU 10 destination, both ends using DIR as written."""
+    d = f"/tmp/{unique_name('certs')}"
+    s_img, d_img = (f"/dev/shm/{unique_name(t)}.ram" for t in ("certs-src", "certs-dst"))
+    make_image(s_img, 16 * MiB, "mixed")
+    src = dst = None
+    try:
+        r = run([QMIG, "certs", d])
+        check(r.returncode == 0 and "CN=qmigd client" in r.stdout, r)
+        src = Peer("qmigd", "source", [("mem", s_img, 16 * MiB)], "certs-src")
+        dst = Peer("qemu", "dest", [("mem", d_img, 16 * MiB)], "certs-dst")
+        for p, endpoint in ((src, "client"), (dst, "server")):
+            p.qmp.cmd("object-add", **{"qom-type": "tls-creds-x509", "id": "tls0", "dir": d,
+                                       "endpoint": endpoint, "verify-peer": True})
+        si, di, _ = migrate(src, dst, multifd=True, params={"tls-creds": "tls0"})
+        check(si["status"] == "completed" and di["status"] == "completed", (si, di))
+        check(run([QMIG, "certs", d]).returncode == 2, "certs overwrote a directory")
+    finally:
+        for p in (src, dst):
+            if p:
+                p.stop()
+        remove(s_img, d_img)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def complete(script, words, env=None):
+    """COMPREPLY of the completion in scripts/completion/SCRIPT for the
+    command line WORDS (the last one being completed)."""
+    path = os.path.join(os.path.dirname(QMIG), "completion", script)
+    func = "_" + script
+    line = " ".join(f"'{w}'" for w in words)
+    r = subprocess.run(["bash", "-c", f'source "{path}"; COMP_WORDS=({line}); '
+                        f'COMP_CWORD={len(words) - 1}; {func}; printf "%s\\n" "${{COMPREPLY[@]}}"'],
+                       capture_output=True, text=True, timeout=30, env=env)
+    return r.stdout.split()
+
+
+@test
+def test_bash_completion():
+    env = {**os.environ, "PATH": os.pathsep.join([os.path.dirname(QMIGD),
+                                                  os.path.dirname(QMIG), os.environ["PATH"]])}
+    check(complete("qmigd", ["qmigd", "de"], env) == ["dest"], "qmigd de<TAB>")
+    check("--incoming" in complete("qmigd", ["qmigd", "dest", "--inc"], env), "--inc<TAB>")
+    check(complete("qmigd", ["qmigd", "dest", "--page-path", "m"], env) == ["mapped"], "")
+    check("--max-bandwidth" in complete("qmig", ["qmig", "run", "--max"], env), "run --max<TAB>")
+    img = f"/dev/shm/{unique_name('compl')}.ram"
+    p = Peer("qmigd", "dest", [("mem", img, MiB)], "compl")
+    try:
+        got = complete("qmig", ["qmig", p.qmp_path, "migrate-inc"], env)
+        check(got == ["migrate-incoming"], f"the monitor's commands: {got}")
+    finally:
+        p.stop()
+        remove(img)
 
 
 if __name__ == "__main__":

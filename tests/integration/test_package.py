@@ -6,6 +6,7 @@ fresh Debian 12 (debootstrap, then only what the package pulls in), and
 systemd booted in that system (systemd-nspawn) starts qmigd-dest@ from an
 environment file as the README says: a qmigd source on this host parks a VM
 into it over TCP, byte for byte, and the unit stops cleanly."""
+import glob
 import os
 import re
 import shutil
@@ -36,19 +37,36 @@ def build_deb(out):
 @test
 def test_cmake_install_layout():
     """bin/qmigd and bin/qmig (a link into lib/qmigd, its modules beside
-    it), the units naming this prefix's qmigd, the docs."""
+    it), the units naming this prefix's qmigd and docs, the docs with every
+    relative link resolving inside the install, the man pages (man renders
+    them) and bash completions."""
     prefix = tempfile.mkdtemp(prefix="qmigd-prefix-")
     try:
         run(["cmake", "--install", BUILD, "--prefix", prefix])
         for rel in ("bin/qmigd", "bin/qmig", "lib/qmigd/lib/migrate_run.py",
                     "lib/systemd/system/qmigd-dest@.service",
                     "lib/systemd/system/qmigd-source@.service",
-                    "share/doc/qmigd/README.md", "share/doc/qmigd/examples/dest.env.example"):
+                    "share/doc/qmigd/README.md", "share/doc/qmigd/examples/dest.env.example",
+                    "lib/qmigd/lib/tls_certs.py", "share/man/man1/qmigd.1",
+                    "share/man/man1/qmig.1", "share/bash-completion/completions/qmigd",
+                    "share/bash-completion/completions/qmig"):
             check(os.path.exists(os.path.join(prefix, rel)), f"{rel} not installed")
         check(os.path.islink(os.path.join(prefix, "bin/qmig")), "bin/qmig is not a link")
         with open(os.path.join(prefix, "lib/systemd/system/qmigd-dest@.service")) as f:
             unit = f.read()
         check(f"ExecStart={prefix}/bin/qmigd dest" in unit, unit)
+        check(f"Documentation=file://{prefix}/share/doc/qmigd/docs/service.md" in unit, unit)
+        docs = os.path.join(prefix, "share/doc/qmigd")
+        for page in glob.glob(f"{docs}/*.md") + glob.glob(f"{docs}/docs/*.md"):
+            text = re.sub(r"```.*?```", "", open(page).read(), flags=re.S)
+            for target in re.findall(r"\]\(([^)\s#]+)[^)]*\)", text):
+                if not target.startswith(("http://", "https://", "mailto:")):
+                    path = os.path.normpath(os.path.join(os.path.dirname(page), target))
+                    check(os.path.exists(path), f"installed {page}: {target} is not installed")
+        for name, says in (("qmigd", "--incoming"), ("qmig", "--max-bandwidth")):
+            page = run(["man", "-l", os.path.join(prefix, f"share/man/man1/{name}.1")],
+                       env={**os.environ, "MANWIDTH": "100"})
+            check("SYNOPSIS" in page and "SEE ALSO" in page and says in page, page[:2000])
         out = run([os.path.join(prefix, "bin/qmig"), "--help"])
         check("qmig SOCK COMMAND" in out, out)
         # qmig from the prefix drives a daemon (found on the PATH, not in build/)
@@ -157,7 +175,9 @@ def test_deb_installs_on_fresh_debian_and_its_unit_parks_a_vm():
         check("qmigd" in run(["chroot", root, "qmigd", "--help"]), "qmigd --help")
         check("qmig SOCK" in run(["chroot", root, "qmig", "--help"]), "qmig --help")
         port = free_port()
-        os.makedirs(os.path.join(root, "etc/qmigd"), exist_ok=True)
+        check(os.path.isdir(os.path.join(root, "etc/qmigd")), "the package made no /etc/qmigd")
+        for f in ("usr/share/man/man1/qmigd.1", "usr/share/bash-completion/completions/qmig"):
+            check(os.path.exists(os.path.join(root, f)), f"the package has no /{f}")
         with open(os.path.join(root, "etc/qmigd/dest-t1.env"), "w") as f:
             f.write(f"QMIGD_ARGS=--ram-dir /var/lib/qmigd/t1 --incoming tcp:127.0.0.1:{port}\n")
         log = open(os.path.join(os.environ.get("QMIGD_LOG_DIR", "/tmp"),
