@@ -26,7 +26,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
-from charts import bar_chart  # noqa: E402
+from charts import bar_chart, require_matplotlib  # noqa: E402
 from runner import Peer, make_image, migrate, files_equal, remove, unique_name, QMIGD  # noqa: E402
 from backing import backing_dir, Unavailable  # noqa: E402
 from qmp_args import parse_size  # noqa: E402
@@ -354,6 +354,8 @@ def main():
     ap.add_argument("--from-json", help="only print the table (and --plot the chart) of an "
                     "earlier --json file")
     args = ap.parse_args()
+    if args.plot:
+        require_matplotlib()  # now, not after the whole run
     if args.from_json:
         with open(args.from_json) as f:
             saved = json.load(f)

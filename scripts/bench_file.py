@@ -21,7 +21,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
-from charts import bar_chart  # noqa: E402
+from charts import bar_chart, require_matplotlib  # noqa: E402
 from runner import Peer, make_image, wait_status, files_equal, remove, unique_name  # noqa: E402
 from qmp_args import parse_size  # noqa: E402
 
@@ -123,6 +123,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--plot", help="write a PNG chart of the table here")
     args = ap.parse_args()
+    if args.plot:
+        require_matplotlib()  # now, not after the whole run
     size = parse_size(args.size)
     direct_io = not args.no_direct_io and args.channels > 0
     directory = tempfile.mkdtemp(prefix="qmigd-bench-file-", dir=args.dir)

@@ -29,7 +29,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from runner import Peer, start_incoming, wait_status, completed_at  # noqa: E402
 import linux_guest as lg  # noqa: E402
-from charts import bar_chart  # noqa: E402
+from charts import bar_chart, require_matplotlib  # noqa: E402
 
 
 def timed(src, dst, channels, postcopy=False):
@@ -73,6 +73,8 @@ def main():
     ap.add_argument("--fill", type=int, default=384, help="MiB of random data the guest holds")
     ap.add_argument("--plot", help="write a PNG chart of the table here")
     args = ap.parse_args()
+    if args.plot:
+        require_matplotlib()  # now, not after the whole run
     work = tempfile.mkdtemp(prefix="qmigd-bench-park-", dir="/dev/shm")
     runs = {name: [] for name in ROWS}
     guest = None

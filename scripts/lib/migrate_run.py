@@ -33,7 +33,6 @@ query-migrate's socket-address, as QEMU 10 reports it).
 """
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -41,6 +40,8 @@ import time
 from qmp import QMP, QMPError
 from qmp_args import parse_args, parse_size, UsageError
 import runner
+from charts import require_matplotlib
+from timeline import Timeline
 
 MiB = 1 << 20
 
@@ -237,10 +238,13 @@ def run(scn, out=sys.stdout):
         bar = Progress(out)
         deadline = t0 + scn.get("timeout", 600)
         postcopy = Postcopy(scn.get("postcopy-after"), src, dst, t0, out)
+        timeline = Timeline(f"{src.kind} -> {dst.kind}") if scn.get("plot") else None
         while True:
             postcopy.step()
             info = src.qmp.cmd("query-migrate")
             bar.show(info)
+            if timeline:
+                timeline.record(info)
             if info.get("status") in ("completed", "failed", "cancelled"):
                 break
             if time.monotonic() > deadline:
@@ -250,6 +254,9 @@ def run(scn, out=sys.stdout):
                 return 1
             time.sleep(0.1)
         bar.done()
+        if timeline:
+            samples = timeline.save(scn["plot"])
+            print(f"timeline: {scn['plot']} (samples: {samples})", file=out)
         if info["status"] != "completed":
             print(f"source: migration {info['status']}: {info.get('error-desc', '')}", file=out)
             line, d = summary(info["status"], time.monotonic() - t0, info)
@@ -351,6 +358,10 @@ def run_main(argv):
     ap.add_argument("--timeout", type=float, default=600, metavar="SECONDS",
                     help="cancel the migration if it has not ended by then (default %(default)s)")
     ap.add_argument("--json", action="store_true", help="the last line as JSON, not key=value")
+    ap.add_argument("--plot", metavar="FILE.png",
+                    help="a timeline chart of the migration (remaining, throughput, dirty "
+                         "rate, each dirty sync, switchover and downtime, postcopy) and its "
+                         "samples as FILE.json")
     a = ap.parse_args(argv)
     if a.scenario:
         with open(a.scenario) as f:
@@ -383,6 +394,9 @@ def run_main(argv):
         scn["uri"] = a.uri
     scn.setdefault("timeout", a.timeout)
     scn["json"] = scn.get("json", False) or a.json
+    if a.plot:
+        scn["plot"] = a.plot
+        require_matplotlib()
     try:
         return run(scn)
     except CannotConnect as e:

@@ -94,5 +94,36 @@ def test_charts_in_the_docs_exist():
     check(shown >= 3, f"only {shown} charts shown")
 
 
+@test
+def test_migration_timeline_chart():
+    """qmig run --plot: a live migration (a guest dirtying a hot set while
+    it moves) drawn as a timeline, its samples beside it with the dirty
+    syncs and the switchover the chart marks. qmig is run by the python3
+    on the PATH, which hands itself to /usr/bin/python3 when it lacks
+    matplotlib."""
+    need_matplotlib()
+    qmig = os.path.join(SCRIPTS, "qmig")
+    with tempfile.TemporaryDirectory(prefix="qmigd-timeline-") as d:
+        scn = {"source": {"launch": "qmigd", "ram": [{"name": "mem", "path": f"/dev/shm/{os.path.basename(d)}-s.ram", "size": "128M", "content": "mixed"}]},
+               "destination": {"launch": "qmigd", "ram": [{"name": "mem", "path": f"/dev/shm/{os.path.basename(d)}-d.ram", "size": "128M"}]},
+               "capabilities": {"multifd": True},
+               "parameters": {"multifd-channels": 2, "max-bandwidth": 64 << 20},
+               "guest": {"rate": 4000, "pattern": "hot", "hot-set": "16M"}, "timeout": 60}
+        with open(os.path.join(d, "scn.json"), "w") as f:
+            json.dump(scn, f)
+        png = os.path.join(d, "run.png")
+        out = run_ok([qmig, "run", os.path.join(d, "scn.json"), "--plot", png], 120,
+                     env={**os.environ, "QMIGD": os.path.abspath(QMIGD)})
+        check("status=completed" in out, out)
+        w, h = png_size(png)
+        check(w >= 800 and h >= 600, (w, h))
+        with open(os.path.join(d, "run.json")) as f:
+            tl = json.load(f)
+        statuses = [s["status"] for s in tl["samples"]]
+        check("active" in statuses and statuses[-1] == "completed", statuses)
+        check(tl["samples"][-1]["dirty-sync-count"] >= 2, tl["samples"][-1])
+        check(tl["final"]["downtime"] >= 0 and "->" in tl["title"], tl["final"])
+
+
 if __name__ == "__main__":
     main()
