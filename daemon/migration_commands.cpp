@@ -262,7 +262,11 @@ void Daemon::register_migration_commands()
             return qmp_error(std::string("Migration not in expected state: ") +
                              migration_status_name(now));
         }
-        outgoing_->continue_switchover();
+        // A destination has no outgoing migration: its state is `none`,
+        // and QEMU posts a semaphore nobody waits on ({}).
+        if (outgoing_) {
+            outgoing_->continue_switchover();
+        }
         return json::object();
     });
     q.register_command("migrate-recover", std::vector<std::string>{"uri"},
