@@ -158,6 +158,93 @@ def test_journal_priorities():
         check(re.match(r"\d{4}-\d\d-\d\d ", plain.log_text()), plain.log_text()[:200])
 
 
+class SilentDns:
+    """A DNS server of the test's own on 127.0.0.x:53 that reads every
+    query and never answers: a resolver that takes its whole timeout."""
+
+    def __init__(self):
+        import random
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for _ in range(50):
+            self.addr = f"127.0.{random.randint(1, 254)}.{random.randint(2, 254)}"
+            try:
+                self.sock.bind((self.addr, 53))
+                break
+            except OSError:
+                continue
+        else:
+            raise AssertionError("no free 127.0.x.y:53")
+        self.sock.setblocking(False)
+        self.queries = 0
+        self.resolv = f"/tmp/{unique_name('resolv')}.conf"
+        with open(self.resolv, "w") as f:
+            f.write(f"nameserver {self.addr}\noptions timeout:2 attempts:1\n")
+
+    def count(self):
+        try:
+            while True:
+                self.sock.recv(512)
+                self.queries += 1
+        except BlockingIOError:
+            pass
+        return self.queries
+
+    def wrap(self):
+        """The daemon in a mount namespace of its own whose /etc/resolv.conf
+        names this server (the host's is untouched; the pid stays the daemon's)."""
+        return ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                'mount --bind "$0" /etc/resolv.conf && exec "$@"', self.resolv]
+
+    def close(self):
+        self.sock.close()
+        os.unlink(self.resolv)
+
+
+@test
+def test_incoming_name_resolves_off_the_loop():
+    """migrate-incoming tcp:NAME:PORT with a DNS server that never answers:
+    the command answers at once, another monitor client and the watchdog
+    are served all through the lookup, which ends `failed` with QEMU's
+    text; the daemon then listens on a numeric address as before."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        skip("needs root and unshare for a private /etc/resolv.conf")
+    dns = SilentDns()
+    n = NotifySocket()
+    d = None
+    try:
+        with images(SIZE, "zero") as imgs:
+            d = Peer("qmigd", "dest", [("mem", imgs[0][2], SIZE)], "svc-dns",
+                     wrap=dns.wrap(), env=n.env(200000))
+            n.wait_for("READY=1")
+            other = QMP(d.qmp_path)
+            t0 = time.monotonic()
+            d.qmp.cmd("migrate-incoming", uri="tcp:qmigd-slow.example:0")
+            answered = time.monotonic() - t0
+            worst = 0.0
+            while time.monotonic() - t0 < 1.5:
+                t = time.monotonic()
+                other.cmd("query-status")
+                worst = max(worst, time.monotonic() - t)
+                n.read(0.05)
+            check(dns.count() > 0, "the resolver never asked the test's DNS server")
+            check(answered < 0.5, f"migrate-incoming answered after {answered:.2f} s")
+            check(worst < 0.5, f"query-status took {worst:.2f} s during the lookup")
+            pings = [t for t, m in n.messages if "WATCHDOG=1" in m and t >= t0]
+            gaps = [b - a for a, b in zip([t0] + pings, pings)]
+            check(pings and max(gaps) < 0.5, f"watchdog gaps {gaps}")
+            info = wait_status(d, ("failed",), 30, fail_on=())
+            check("address resolution failed for qmigd-slow.example:0" in info.get("error-desc", ""),
+                  info)
+            other.close()
+            port = start_incoming(d)
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    finally:
+        if d:
+            d.stop()
+        n.close()
+        dns.close()
+
+
 @test
 def test_units_verify():
     """systemd-analyze verify takes both units (with this build's qmigd)."""
