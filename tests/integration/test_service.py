@@ -246,6 +246,41 @@ def test_incoming_name_resolves_off_the_loop():
 
 
 @test
+def test_log_lines_cannot_be_forged():
+    """A source whose RAM block is named "mem\\n<0>emerg: ..." parks into
+    a destination logging to a journal stream: every line the destination
+    writes is one of its own, at its own priority, the name escaped."""
+    forged = "mem\n<0>emerg: forged by the peer\x1b[2J"
+    park = tempfile.mkdtemp(prefix="qmigd-forge-", dir="/dev/shm")
+    with images(SIZE, "mixed") as imgs:
+        s = d = None
+        try:
+            s = Peer("qmigd", "source", [(forged, imgs[0][1], SIZE)], "svc-forge-src")
+            d = Peer("qmigd", "dest", [], "svc-forge-dst", ["--ram-dir", park],
+                     env=lambda log: {"JOURNAL_STREAM": "%d:%d" % (os.fstat(log.fileno()).st_dev,
+                                                                   os.fstat(log.fileno()).st_ino)})
+            port = start_incoming(d)
+            s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+            wait_status(s, ("completed",), 30)
+            wait_status(d, ("completed",), 30)
+        finally:
+            for p in (s, d):
+                if p:
+                    p.stop()
+            shutil.rmtree(park, True)
+    for peer in (s, d):
+        text = peer.log_text()
+        check("\x1b" not in text, "an escape sequence reached the log")
+        lines = text.splitlines()
+        check(not any(l.startswith("<0>") or l.startswith("emerg") for l in lines),
+              [l for l in lines if "emerg" in l])
+    lines = d.log_text().splitlines()
+    check(all(re.match(r"<[0-7]>(info|warning|error|critical|debug): ", l) for l in lines if l),
+          lines)
+    check(any("mem\\n<0>emerg: forged by the peer\\x1b[2J" in l for l in lines), lines)
+
+
+@test
 def test_units_verify():
     """systemd-analyze verify takes both units (with this build's qmigd)."""
     if not shutil.which("systemd-analyze"):
