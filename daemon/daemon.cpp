@@ -389,6 +389,11 @@ Status Daemon::start()
     auto incoming = parse_migration_uri(opts_.incoming);
     bool at_start = opts_.role == Role::Destination && opts_.incoming != "defer";
     bool exec = incoming && incoming->transport == MigrationAddress::Transport::Exec;
+    if (at_start && incoming && incoming->transport == MigrationAddress::Transport::Socket) {
+        // Before READY=1 the port must listen: the name is looked up here,
+        // where no loop is running yet to stall.
+        QMIGD_TRY(resolve_listen_host(&incoming->socket));
+    }
     if (at_start && !exec) {
         QMIGD_TRY(start_incoming_option(incoming));
     }

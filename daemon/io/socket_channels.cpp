@@ -84,6 +84,24 @@ int unix_listen_fd(const std::string &path)
 
 } // namespace
 
+Status resolve_listen_host(SocketAddress *addr)
+{
+    if (addr->type != SocketAddress::Type::Inet || addr->host.empty()) {
+        return {};
+    }
+    ListenAddress r = resolve_listen(*addr, false);
+    char host[NI_MAXHOST];
+    if (r.rc == 0) {
+        r.rc = getnameinfo(reinterpret_cast<const sockaddr *>(&r.ss), sizeof(r.ss), host,
+                           sizeof host, nullptr, 0, NI_NUMERICHOST);
+    }
+    if (r.rc != 0) {
+        return resolution_error(*addr, r.rc);
+    }
+    addr->host = host;
+    return {};
+}
+
 void DroppedStrangers::log(const char *what, const char *rule, const ListenerLimits &limits)
 {
     if (evicted || expired) {
@@ -191,6 +209,12 @@ void SocketListener::on_resolved(uv_work_t *req, int status)
         st = resolution_error(l->addr, status < 0 ? EAI_AGAIN : l->result.rc);
         self->close();
     } else {
+        // Reported as QEMU reports a listener: by its numeric address.
+        char host[NI_MAXHOST];
+        if (getnameinfo(reinterpret_cast<const sockaddr *>(&l->result.ss), sizeof(l->result.ss),
+                        host, sizeof host, nullptr, 0, NI_NUMERICHOST) == 0) {
+            self->addr_.host = host;
+        }
         st = self->bind_and_listen(reinterpret_cast<const sockaddr *>(&l->result.ss));
     }
     // Last: the callback may destroy the listener.

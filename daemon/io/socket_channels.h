@@ -152,6 +152,12 @@ private:
     DroppedStrangers dropped_;
 };
 
+// Blocking: resolves an inet listen address's host to its numeric form
+// (the first answer, as a listen takes it). For the start, before the loop
+// runs and anyone waits on it; once it runs, SocketListener::listen()
+// resolves off the loop.
+Status resolve_listen_host(SocketAddress *addr);
+
 // Connects `count` sockets to addr. An inet name is resolved on libuv's
 // thread pool and each address tried in turn (QEMU's inet_connect_saddr); a
 // unix path is the one address. `done` runs once, with all fds (blocking,
