@@ -207,7 +207,10 @@ void Daemon::register_commands()
     });
     register_migration_commands();
     register_vm_commands();
-    hmp_register(*qmp_);
+    hmp_register(*qmp_, [](const std::string &uri) -> std::optional<std::string> {
+        auto addr = parse_migration_uri(uri);
+        return addr ? std::nullopt : std::optional<std::string>(addr.error().message());
+    });
 }
 
 void Daemon::shutdown()
