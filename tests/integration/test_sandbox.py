@@ -131,6 +131,24 @@ def test_spawn_allowed_commands_are_confined_as_configured():
     check(info["status"] == "completed", info)
 
 
+def park_as_nobody(imgs, park, tag, extra=(), before=None):
+    """Parks imgs' one block into a --runas nobody destination's --ram-dir
+    park; checks the image and that it is nobody's."""
+    (name, src_img, _, size), = imgs
+    src = Peer("qmigd", "source", [(name, src_img, size)], f"{tag}-src")
+    dst = Peer("qmigd", "dest", [], f"{tag}-dst", ["--ram-dir", park, "--runas", "nobody"] + list(extra))
+    try:
+        if before:
+            before()
+        migrate(src, dst, multifd=True, timeout=60)
+        parked = os.path.join(park, "00-mem.img")
+        check(files_equal(src_img, parked), "parked image differs")
+        check(os.stat(parked).st_uid == pwd.getpwnam("nobody").pw_uid, "not nobody's")
+    finally:
+        src.stop()
+        dst.stop()
+
+
 @test
 def test_runas_and_chroot():
     """--runas nobody --chroot EMPTY: the destination drops to nobody in an
@@ -160,17 +178,7 @@ def test_runas_and_chroot():
             finally:
                 src.stop()
                 dst.stop()
-            src = Peer("qmigd", "source", [(name, src_img, size)], "sbx-rp-src")
-            dst = Peer("qmigd", "dest", [], "sbx-rp-dst",
-                       ["--ram-dir", park, "--runas", "nobody", "--sandbox", "on"])
-            try:
-                migrate(src, dst, multifd=True, timeout=60)
-                parked = os.path.join(park, "00-mem.img")
-                check(files_equal(src_img, parked), "parked image differs")
-                check(os.stat(parked).st_uid == nobody.pw_uid, "not nobody's")
-            finally:
-                src.stop()
-                dst.stop()
+            park_as_nobody(imgs, park, "sbx-rp", ["--sandbox", "on"])
     finally:
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(park, ignore_errors=True)
@@ -247,20 +255,11 @@ def test_runas_ram_dir_is_the_users():
     park = os.path.join(top, "vm")
     try:
         with images(SIZE, "mixed") as imgs:
-            (name, src_img, _, size), = imgs
-            src = Peer("qmigd", "source", [(name, src_img, size)], "sbx-rd-src")
-            dst = Peer("qmigd", "dest", [], "sbx-rd-dst", ["--ram-dir", park, "--runas", "nobody"])
-            try:
+            def created_for_nobody():
                 st = os.stat(park)
                 check(st.st_uid == nobody.pw_uid and st.st_mode & 0o777 == 0o700,
                       f"{park}: uid {st.st_uid}, mode {st.st_mode:o}")
-                migrate(src, dst, multifd=True, timeout=60)
-                parked = os.path.join(park, "00-mem.img")
-                check(files_equal(src_img, parked), "parked image differs")
-                check(os.stat(parked).st_uid == nobody.pw_uid, "not nobody's")
-            finally:
-                src.stop()
-                dst.stop()
+            park_as_nobody(imgs, park, "sbx-rd", before=created_for_nobody)
         shutil.rmtree(park)
         os.mkdir(park, 0o700)  # root's
         qmp = f"/tmp/{unique_name('sbx-rd-bad')}.qmp"
