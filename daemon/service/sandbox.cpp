@@ -178,9 +178,11 @@ Status build_allow_list(scmp_filter_ctx ctx)
     QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, "socketpair", SCMP_A0(SCMP_CMP_EQ, unsigned(AF_UNIX))));
     // Signals to itself only (raise(), abort(), pthread_kill() are
     // tgkill(getpid(), ...)); tkill names no process and is not needed.
-    // No fork after this, so getpid() stays ours.
+    // No fork after this, so getpid() stays ours. Signal 0 sends nothing:
+    // it asks whether a pid lives (a source's guest, GuestControl).
     auto self = static_cast<scmp_datum_t>(getpid());
     QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, "kill", SCMP_A0(SCMP_CMP_EQ, self)));
+    QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, "kill", SCMP_A1(SCMP_CMP_EQ, 0)));
     QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, "tgkill", SCMP_A0(SCMP_CMP_EQ, self)));
     // Threads, not processes: fork() is clone without CLONE_THREAD.
     QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, "clone",

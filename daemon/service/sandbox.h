@@ -8,7 +8,7 @@
 // roles make (kSandboxAllowed in sandbox.cpp; ioctl and prctl only with the
 // arguments in kSandboxAllowedArgs); threads only (clone with
 // CLONE_THREAD), no fork, no execve; signals to itself only (kill and
-// tgkill with its own pid); sockets of the families in
+// tgkill with its own pid; kill's signal 0, which sends nothing, to any); sockets of the families in
 // kSandboxSocketFamilies only (unix, IPv4, IPv6; netlink fails with
 // EAFNOSUPPORT). exec: migrations are refused in words
 // before anything is tried.
