@@ -136,8 +136,10 @@ SocketListener::~SocketListener() { close(); }
 struct SocketListener::Lookup {
     uv_work_t work;
     SocketAddress addr;
-    ListenAddress result;     // written by the pool thread, read after it
-    SocketListener *owner;    // loop thread; null once the listener closed
+    // Written by the pool thread, read on the loop after it.
+    int rc = 0;
+    sockaddr_storage ss{};
+    SocketListener *owner = nullptr; // loop thread; null once the listener closed
 };
 
 Status SocketListener::listen(const SocketAddress &addr, OnListening on_listening)
@@ -183,14 +185,18 @@ Status SocketListener::listen(const SocketAddress &addr, OnListening on_listenin
         close();
         return resolution_error(addr, numeric.rc);
     }
-    lookup_ = new Lookup{{}, addr, {}, this};
+    lookup_ = new Lookup;
+    lookup_->addr = addr;
+    lookup_->owner = this;
     lookup_->work.data = lookup_;
     on_listening_ = std::move(on_listening);
     uv_queue_work(
         loop_, &lookup_->work,
         [](uv_work_t *w) {
             auto *l = static_cast<Lookup *>(w->data);
-            l->result = resolve_listen(l->addr, false);
+            ListenAddress r = resolve_listen(l->addr, false);
+            l->rc = r.rc;
+            l->ss = r.ss;
         },
         on_resolved);
     return {};
@@ -205,17 +211,17 @@ void SocketListener::on_resolved(uv_work_t *req, int status)
     }
     self->lookup_ = nullptr;
     Status st;
-    if (status < 0 || l->result.rc != 0) {
-        st = resolution_error(l->addr, status < 0 ? EAI_AGAIN : l->result.rc);
+    if (status < 0 || l->rc != 0) {
+        st = resolution_error(l->addr, status < 0 ? EAI_AGAIN : l->rc);
         self->close();
     } else {
         // Reported as QEMU reports a listener: by its numeric address.
         char host[NI_MAXHOST];
-        if (getnameinfo(reinterpret_cast<const sockaddr *>(&l->result.ss), sizeof(l->result.ss),
-                        host, sizeof host, nullptr, 0, NI_NUMERICHOST) == 0) {
+        if (getnameinfo(reinterpret_cast<const sockaddr *>(&l->ss), sizeof(l->ss), host,
+                        sizeof host, nullptr, 0, NI_NUMERICHOST) == 0) {
             self->addr_.host = host;
         }
-        st = self->bind_and_listen(reinterpret_cast<const sockaddr *>(&l->result.ss));
+        st = self->bind_and_listen(reinterpret_cast<const sockaddr *>(&l->ss));
     }
     // Last: the callback may destroy the listener.
     OnListening cb = std::move(self->on_listening_);
