@@ -207,7 +207,10 @@ void Daemon::register_commands()
     });
     register_migration_commands();
     register_vm_commands();
-    hmp_register(*qmp_);
+    hmp_register(*qmp_, [](const std::string &uri) -> std::optional<std::string> {
+        auto addr = parse_migration_uri(uri);
+        return addr ? std::nullopt : std::optional<std::string>(addr.error().message());
+    });
 }
 
 void Daemon::shutdown()
@@ -302,6 +305,9 @@ Status Daemon::open_ram()
         return Error("give --ram or --ram-dir");
     }
     if (!opts_.ram_dir.empty() && opts_.role == Role::Destination) {
+        // Parks are written as --runas's user: the directory must be theirs
+        // to write, or the first park fails half-way (Permission denied).
+        QMIGD_TRY(dir_for_user(opts_.ram_dir, opts_.runas));
         return park_dir_check(opts_.ram_dir);
     }
     if (!opts_.ram_dir.empty()) {
@@ -334,6 +340,16 @@ static void raise_fd_limit()
         rl.rlim_cur = rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
+}
+
+// --incoming: migrate-incoming's answer, as a start error.
+Status Daemon::start_incoming_option(const Result<MigrationAddress> &addr)
+{
+    auto r = start_incoming(addr);
+    if (auto *e = std::get_if<QmpError>(&r)) {
+        return Error(e->desc);
+    }
+    return {};
 }
 
 Status Daemon::start()
@@ -370,15 +386,26 @@ Status Daemon::start()
     register_commands();
     QMIGD_TRY(qmp_->listen(opts_.qmp_path));
     QMIGD_TRY(start_metrics());
-    if (opts_.role == Role::Destination && opts_.incoming != "defer") {
-        auto r = start_incoming(parse_migration_uri(opts_.incoming));
-        if (auto *e = std::get_if<QmpError>(&r)) {
-            return Error(e->desc);
-        }
+    // A port is bound before the privileges go (it may be below 1024); an
+    // exec: command starts after the filter, so that it runs confined (with
+    // spawn=allow: it inherits the deny-list; spawn=deny refuses it).
+    auto incoming = parse_migration_uri(opts_.incoming);
+    bool at_start = opts_.role == Role::Destination && opts_.incoming != "defer";
+    bool exec = incoming && incoming->transport == MigrationAddress::Transport::Exec;
+    if (at_start && incoming && incoming->transport == MigrationAddress::Transport::Socket) {
+        // Before READY=1 the port must listen: the name is looked up here,
+        // where no loop is running yet to stall.
+        QMIGD_TRY(resolve_listen_host(&incoming->socket));
+    }
+    if (at_start && !exec) {
+        QMIGD_TRY(start_incoming_option(incoming));
     }
     // Confined once what the start opens is open (daemon/service/sandbox.h).
     QMIGD_TRY(drop_privileges(opts_.chroot_dir, opts_.runas));
     QMIGD_TRY(sandbox_install(sandbox));
+    if (at_start && exec) {
+        QMIGD_TRY(start_incoming_option(incoming));
+    }
     uv_signal_init(&loop_, &sigint_);
     uv_signal_init(&loop_, &sigterm_);
     sigint_.data = sigterm_.data = this;

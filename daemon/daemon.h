@@ -69,6 +69,7 @@ private:
     QmpResult cmd_migrate(const json &args);
     QmpResult cmd_migrate_incoming(const json &args);
     QmpResult start_incoming(const Result<MigrationAddress> &addr);
+    Status start_incoming_option(const Result<MigrationAddress> &addr);
     std::optional<QmpError> check_address(const Result<MigrationAddress> &addr) const;
     // tls-creds, tls-hostname and tls-authz for a migration over `addr`.
     Result<TlsParams> tls_params(TlsCreds::Endpoint endpoint, const MigrationAddress &addr) const;

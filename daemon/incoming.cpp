@@ -114,14 +114,29 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
         loop_, 4, [this](PendingConnection *c, const Error *e) { on_prefix(c, e); },
         stranger_limits());
     listener_->set_on_accept([this](PendingConnection *c) { return take_preempt(c); });
-    QMIGD_TRY(listener_->listen(addr.socket));
-    spdlog::info("incoming migration: listening on {} ({})", listener_->address().uri(),
-                 params.multifd ? fmt::format("multifd, {} channels, compression {}",
-                                              params.channels,
-                                              multifd_method(params.compression).name)
-                                : std::string("main channel only, no multifd"));
+    QMIGD_TRY(listener_->listen(addr.socket, [this](const Status &st) { listening(st); }));
     set_status(MigrationStatus::Setup);
+    if (listener_->resolving()) {
+        spdlog::info("incoming migration: resolving {} to listen on", addr.socket.host);
+    } else {
+        listening({});
+    }
     return {};
+}
+
+// The listener is up, or its name did not resolve or bind (`failed`,
+// with QEMU's text as error-desc, as a migrate-incoming error would say).
+void IncomingMigration::listening(const Status &st)
+{
+    if (!st) {
+        fail_setup(st.error());
+        return;
+    }
+    spdlog::info("incoming migration: listening on {} ({})", listener_->address().uri(),
+                 params_.multifd ? fmt::format("multifd, {} channels, compression {}",
+                                               params_.channels,
+                                               multifd_method(params_.compression).name)
+                                 : std::string("main channel only, no multifd"));
 }
 
 // The file's size bounds every offset its headers name; direct-io reads

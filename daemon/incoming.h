@@ -134,6 +134,8 @@ private:
     // channel ends the migration; anything else is a stranger's, closed.
     void extra_connection(const std::vector<uint8_t> &prefix, int fd);
     Status open_mapped_ram(const MigrationAddress &addr, int fd);
+    // The listener's end of setting up (SocketListener::OnListening).
+    void listening(const Status &st);
     void maybe_start();
     void set_status(MigrationStatus s);
     void fail_setup(const Error &err);

@@ -154,9 +154,20 @@ Status IncomingMigration::recover(const MigrationAddress &addr)
         stranger_limits());
     listener_->set_on_accept(
         [this](PendingConnection *c) { return take_recovered(c) || take_preempt(c); });
-    QMIGD_TRY(listener_->listen(addr.socket));
-    spdlog::info("incoming migration: postcopy recovery: listening on {}",
-                 listener_->address().uri());
+    auto on_listening = [this](const Status &st) {
+        if (!st) {
+            // The load stays paused: another migrate-recover may follow.
+            spdlog::error("incoming migration: postcopy recovery: {}", st.error().message());
+            listener_.reset();
+            return;
+        }
+        spdlog::info("incoming migration: postcopy recovery: listening on {}",
+                     listener_->address().uri());
+    };
+    QMIGD_TRY(listener_->listen(addr.socket, on_listening));
+    if (!listener_->resolving()) {
+        on_listening({});
+    }
     return {};
 }
 

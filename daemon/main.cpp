@@ -159,12 +159,12 @@ int main(int argc, char **argv)
     set_log_pattern(stderr_is_journal());
     auto lvl = spdlog::level::from_str(level);
     if (lvl == spdlog::level::off && level != "off") {
-        std::fprintf(stderr, "qmigd: unknown --log-level '%s'\n", level.c_str());
+        spdlog::critical("unknown --log-level '{}'", level); // through the escaping sink
         return 2;
     }
     spdlog::set_level(lvl);
     if (!uuid.empty() && !uuid_parse(uuid, &opts.uuid)) {
-        std::fprintf(stderr, "qmigd: bad --uuid '%s'\n", uuid.c_str());
+        spdlog::critical("bad --uuid '{}'", uuid);
         return 2;
     }
     Daemon daemon(opts);

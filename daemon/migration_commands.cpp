@@ -262,7 +262,11 @@ void Daemon::register_migration_commands()
             return qmp_error(std::string("Migration not in expected state: ") +
                              migration_status_name(now));
         }
-        outgoing_->continue_switchover();
+        // A destination has no outgoing migration: its state is `none`,
+        // and QEMU posts a semaphore nobody waits on ({}).
+        if (outgoing_) {
+            outgoing_->continue_switchover();
+        }
         return json::object();
     });
     q.register_command("migrate-recover", std::vector<std::string>{"uri"},
@@ -290,14 +294,25 @@ void Daemon::register_migration_commands()
     q.register_command("query-migrate-parameters", none,
                        [this](const json &) -> QmpResult { return config_.parameters(); });
     q.register_command("migrate-set-capabilities", Members{"capabilities"}, [this](const json &a) -> QmpResult {
-        if (migration_is_running(migration_status())) {
-            return qmp_error(opts_.role == Role::Destination
-                                 ? "Multifd must be set before incoming starts"
-                                 : "There's a migration process in progress");
+        bool running = migration_is_running(migration_status());
+        if (running && opts_.role == Role::Source) {
+            return qmp_error("There's a migration process in progress");
         }
-        if (auto e = config_.set_capabilities(a)) {
+        MigrationConfig next = config_;
+        if (auto e = next.set_capabilities(a)) {
             return *e;
         }
+        // migrate_caps_check(): once incoming started, only what its
+        // channels are accepted by cannot be turned on (the running load
+        // keeps the capabilities it started with).
+        auto turned_on = [&](const char *c) { return next.capability(c) && !config_.capability(c); };
+        if (running && turned_on("postcopy-preempt")) {
+            return qmp_error("Postcopy preempt must be set before incoming starts");
+        }
+        if (running && turned_on("multifd")) {
+            return qmp_error("Multifd must be set before incoming starts");
+        }
+        config_ = std::move(next);
         return json::object();
     });
     // Parameters are checked one by one, with QEMU's texts, by MigrationConfig.

@@ -63,6 +63,7 @@ std::string error_text(const QmpResult &r)
 // `boolean`.
 struct HmpCall {
     QmpServer &server;
+    const HmpUriCheck &uri_check;
     std::vector<std::string> args;
     std::string flags; // the option letters given
 };
@@ -155,6 +156,18 @@ std::string migrate(const HmpCall &c)
     return "terminal does not allow synchronous migration, continuing detached\r\n";
 }
 
+// QEMU's hmp_migrate_incoming parses the URI into a channel before
+// qmp_migrate_incoming checks anything: a bad URI is the first error.
+std::string migrate_incoming(const HmpCall &c)
+{
+    if (c.uri_check) {
+        if (auto e = c.uri_check(c.args[0])) {
+            return "Error: " + *e + "\r\n";
+        }
+    }
+    return simple(c, "migrate-incoming", {{"uri", c.args[0]}});
+}
+
 using Formatter = std::string (*)(const json &);
 std::string info_of(const HmpCall &c, const char *qmp_name, Formatter f)
 {
@@ -198,7 +211,7 @@ const HmpCommand kCommands[] = {
     {"migrate_continue", "state", "Continue migration from the given paused state", "", 1,
      false, migrate_continue},
     {"migrate_incoming", "uri", "Continue an incoming migration from an -incoming defer", "", 1,
-     false, [](const HmpCall &c) { return simple(c, "migrate-incoming", {{"uri", c.args[0]}}); }},
+     false, migrate_incoming},
     {"migrate_pause", "", "Pause an ongoing migration (postcopy-only)", "", 0, false,
      [](const HmpCall &c) { return simple(c, "migrate-pause"); }},
     {"migrate_recover", "uri", "Continue a paused incoming postcopy migration", "", 1, false,
@@ -259,11 +272,11 @@ std::vector<std::string> words(const std::string &line)
 
 // Parses the words after the command name against cmd's arguments and runs
 // it. `topic` is what "Try \"help ...\"" names.
-std::string invoke(const HmpCommand &cmd, QmpServer &server, std::vector<std::string> w,
-                   const std::string &topic)
+std::string invoke(const HmpCommand &cmd, QmpServer &server, const HmpUriCheck &uri_check,
+                   std::vector<std::string> w, const std::string &topic)
 {
     std::string name = cmd.names;
-    HmpCall call{server, {}, ""};
+    HmpCall call{server, uri_check, {}, ""};
     if (cmd.strings < 0) { // takes any words
         call.args = std::move(w);
         return cmd.run(call);
@@ -304,7 +317,8 @@ std::string run_info(const HmpCall &c)
     if (!sub) {
         return "unknown command: 'info " + c.args[0] + "'\r\n";
     }
-    return invoke(*sub, c.server, {c.args.begin() + 1, c.args.end()}, "info " + c.args[0]);
+    return invoke(*sub, c.server, c.uri_check, {c.args.begin() + 1, c.args.end()},
+                  "info " + c.args[0]);
 }
 
 std::string run_help(const HmpCall &c)
@@ -323,7 +337,7 @@ std::string run_help(const HmpCall &c)
     return cmd ? help_line(*cmd) : "unknown command: '" + c.args[0] + "'\r\n";
 }
 
-std::string run_hmp(QmpServer &server, const std::string &line)
+std::string run_hmp(QmpServer &server, const HmpUriCheck &uri_check, const std::string &line)
 {
     std::vector<std::string> w = words(line);
     if (w.empty()) {
@@ -333,21 +347,21 @@ std::string run_hmp(QmpServer &server, const std::string &line)
     if (!cmd) {
         return "unknown command: '" + w[0] + "'\r\n";
     }
-    return invoke(*cmd, server, {w.begin() + 1, w.end()}, w[0]);
+    return invoke(*cmd, server, uri_check, {w.begin() + 1, w.end()}, w[0]);
 }
 } // namespace
 
-void hmp_register(QmpServer &server)
+void hmp_register(QmpServer &server, HmpUriCheck uri_check)
 {
     server.register_command("human-monitor-command", {{"command-line", "*cpu-index"}},
-                            [&server](const json &args) -> QmpResult {
+                            [&server, uri_check](const json &args) -> QmpResult {
         if (!args.contains("command-line")) {
             return qmp_error("Parameter 'command-line' is missing");
         }
         if (!args["command-line"].is_string()) {
             return qmp_error("Invalid parameter type for 'command-line', expected: string");
         }
-        return json(run_hmp(server, args["command-line"]));
+        return json(run_hmp(server, uri_check, args["command-line"]));
     });
 }
 

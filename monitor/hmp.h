@@ -2,14 +2,21 @@
 // only from QMP results (as QEMU's migration-hmp-cmds.c does).
 #pragma once
 
+#include <functional>
+#include <optional>
 #include <string>
 
 #include "monitor/qmp_server.h"
 
 namespace qmigd {
 
-// Registers human-monitor-command on top of the server's QMP commands.
-void hmp_register(QmpServer &server);
+// A migration URI's parse error, if any (the daemon's parser: monitor/
+// knows no transports).
+using HmpUriCheck = std::function<std::optional<std::string>(const std::string &uri)>;
+
+// Registers human-monitor-command on top of the server's QMP commands;
+// uri_check, if given, is what migrate_incoming parses its URI with first.
+void hmp_register(QmpServer &server, HmpUriCheck uri_check = nullptr);
 
 // `info migrate` text from a query-migrate result, lines ending in \r\n.
 std::string hmp_format_info_migrate(const json &info);

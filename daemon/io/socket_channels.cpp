@@ -28,27 +28,40 @@ void StreamHandle::init(uv_loop_t *loop, SocketAddress::Type type, void *data)
 
 namespace {
 
-// Listen addresses only (numeric or local names; a listen is set up once,
-// before the migration, where a blocking lookup harms nobody). An empty host
-// is QEMU's "tcp::PORT": every interface.
-Result<sockaddr_storage> resolve(const SocketAddress &addr)
+// A listen address, as QEMU's inet_listen_saddr() resolves it: the first
+// of getaddrinfo()'s answers. An empty host is QEMU's "tcp::PORT": every
+// interface. `numeric`: no lookup, so that the caller may block on it
+// (EAI_NONAME: a name, to be resolved off the loop).
+struct ListenAddress {
+    int rc = 0; // getaddrinfo()'s
+    sockaddr_storage ss{};
+};
+ListenAddress resolve_listen(const SocketAddress &addr, bool numeric)
 {
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
+    hints.ai_flags = AI_PASSIVE | (numeric ? AI_NUMERICHOST : 0);
     addrinfo *res = nullptr;
     std::string port = std::to_string(addr.port);
-    int rc = getaddrinfo(addr.host.empty() ? nullptr : addr.host.c_str(), port.c_str(), &hints,
+    ListenAddress out;
+    out.rc = getaddrinfo(addr.host.empty() ? nullptr : addr.host.c_str(), port.c_str(), &hints,
                          &res);
-    if (rc != 0 || !res) {
-        return Error(fmt::format("address resolution failed for {}:{}: {}", addr.host, addr.port,
-                                 gai_strerror(rc)));
+    if (out.rc == 0 && res) {
+        std::memcpy(&out.ss, res->ai_addr, std::min<size_t>(res->ai_addrlen, sizeof(out.ss)));
+    } else if (out.rc == 0) {
+        out.rc = EAI_NONAME;
     }
-    sockaddr_storage ss{};
-    std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
-    freeaddrinfo(res);
-    return ss;
+    if (res) {
+        freeaddrinfo(res);
+    }
+    return out;
+}
+
+Error resolution_error(const SocketAddress &addr, int rc)
+{
+    return Error(fmt::format("address resolution failed for {}:{}: {}", addr.host, addr.port,
+                             gai_strerror(rc)));
 }
 
 // A bound unix stream socket (close-on-exec, non-blocking), or -errno.
@@ -70,6 +83,24 @@ int unix_listen_fd(const std::string &path)
 }
 
 } // namespace
+
+Status resolve_listen_host(SocketAddress *addr)
+{
+    if (addr->type != SocketAddress::Type::Inet || addr->host.empty()) {
+        return {};
+    }
+    ListenAddress r = resolve_listen(*addr, false);
+    char host[NI_MAXHOST];
+    if (r.rc == 0) {
+        r.rc = getnameinfo(reinterpret_cast<const sockaddr *>(&r.ss), sizeof(r.ss), host,
+                           sizeof host, nullptr, 0, NI_NUMERICHOST);
+    }
+    if (r.rc != 0) {
+        return resolution_error(*addr, r.rc);
+    }
+    addr->host = host;
+    return {};
+}
 
 void DroppedStrangers::log(const char *what, const char *rule, const ListenerLimits &limits)
 {
@@ -101,7 +132,17 @@ void sweeper_close(uv_timer_t **t)
 
 SocketListener::~SocketListener() { close(); }
 
-Status SocketListener::listen(const SocketAddress &addr)
+// The lookup of a listen address's name, on a thread of libuv's pool.
+struct SocketListener::Lookup {
+    uv_work_t work;
+    SocketAddress addr;
+    // Written by the pool thread, read on the loop after it.
+    int rc = 0;
+    sockaddr_storage ss{};
+    SocketListener *owner = nullptr; // loop thread; null once the listener closed
+};
+
+Status SocketListener::listen(const SocketAddress &addr, OnListening on_listening)
 {
     addr_ = addr;
     sweeper_ = sweeper_start(loop_, limits_, this, [](uv_timer_t *t) {
@@ -136,18 +177,69 @@ Status SocketListener::listen(const SocketAddress &addr)
         }
         return {};
     }
-    auto ss = resolve(addr);
-    if (!ss) {
-        close();
-        return ss.error();
+    ListenAddress numeric = resolve_listen(addr, true);
+    if (numeric.rc == 0) {
+        return bind_and_listen(reinterpret_cast<const sockaddr *>(&numeric.ss));
     }
-    int rc = uv_tcp_bind(&server_->tcp, reinterpret_cast<const sockaddr *>(&*ss), 0);
+    if (numeric.rc != EAI_NONAME || addr.host.empty()) {
+        close();
+        return resolution_error(addr, numeric.rc);
+    }
+    lookup_ = new Lookup;
+    lookup_->addr = addr;
+    lookup_->owner = this;
+    lookup_->work.data = lookup_;
+    on_listening_ = std::move(on_listening);
+    uv_queue_work(
+        loop_, &lookup_->work,
+        [](uv_work_t *w) {
+            auto *l = static_cast<Lookup *>(w->data);
+            ListenAddress r = resolve_listen(l->addr, false);
+            l->rc = r.rc;
+            l->ss = r.ss;
+        },
+        on_resolved);
+    return {};
+}
+
+void SocketListener::on_resolved(uv_work_t *req, int status)
+{
+    std::unique_ptr<Lookup> l(static_cast<Lookup *>(req->data));
+    SocketListener *self = l->owner;
+    if (!self) {
+        return; // closed meanwhile
+    }
+    self->lookup_ = nullptr;
+    Status st;
+    if (status < 0 || l->rc != 0) {
+        st = resolution_error(l->addr, status < 0 ? EAI_AGAIN : l->rc);
+        self->close();
+    } else {
+        // Reported as QEMU reports a listener: by its numeric address.
+        char host[NI_MAXHOST];
+        if (getnameinfo(reinterpret_cast<const sockaddr *>(&l->ss), sizeof(l->ss), host,
+                        sizeof host, nullptr, 0, NI_NUMERICHOST) == 0) {
+            self->addr_.host = host;
+        }
+        st = self->bind_and_listen(reinterpret_cast<const sockaddr *>(&l->ss));
+    }
+    // Last: the callback may destroy the listener.
+    OnListening cb = std::move(self->on_listening_);
+    if (cb) {
+        cb(st);
+    }
+}
+
+// Binds the TCP server handle to `sa` and listens; closes on failure.
+Status SocketListener::bind_and_listen(const sockaddr *sa)
+{
+    int rc = uv_tcp_bind(&server_->tcp, sa, 0);
     if (rc == 0) {
         rc = uv_listen(server_->stream(), 64, on_connection);
     }
     if (rc != 0) {
         close();
-        return Error(fmt::format("Failed to bind socket for {}:{}: {}", addr.host, addr.port,
+        return Error(fmt::format("Failed to bind socket for {}:{}: {}", addr_.host, addr_.port,
                                  uv_strerror(rc)));
     }
     sockaddr_storage bound{};
@@ -293,6 +385,12 @@ void PendingConnection::close()
 
 void SocketListener::close()
 {
+    if (lookup_) {
+        lookup_->owner = nullptr; // its callback frees it
+        uv_cancel(reinterpret_cast<uv_req_t *>(&lookup_->work));
+        lookup_ = nullptr;
+        on_listening_ = nullptr;
+    }
     while (!pending_.empty()) {
         pending_.back()->close();
     }

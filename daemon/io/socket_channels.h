@@ -107,16 +107,29 @@ public:
     // the hook took (or closed) the connection.
     using OnAccept = std::function<bool(PendingConnection *)>;
     void set_on_accept(OnAccept f) { on_accept_ = std::move(f); }
-    // A unix path is unlinked first and again at close(), as QEMU does.
-    Status listen(const SocketAddress &addr);
+    // Called once a listen that resolves a name is up, or failed (then
+    // the listener is closed); it may destroy the listener.
+    using OnListening = std::function<void(const Status &)>;
+    // A unix path is unlinked first and again at close(), as QEMU does. A
+    // numeric address or an empty host (every interface) is bound before
+    // this returns. A host name is resolved on libuv's thread pool, as
+    // SocketConnect does: a lookup may take the resolver's whole timeout
+    // (seconds per server and search domain), which the loop -- QMP, the
+    // watchdog, /metrics -- must not wait for. Then listen() returns at once
+    // with resolving() true, and on_listening reports the end.
+    Status listen(const SocketAddress &addr, OnListening on_listening = nullptr);
+    bool resolving() const { return lookup_ != nullptr; }
     // What it listens on, with the port the kernel chose for port 0.
     const SocketAddress &address() const { return addr_; }
     // Stops accepting and closes every pending connection.
     void close();
-    bool listening() const { return server_ != nullptr; }
+    bool listening() const { return server_ != nullptr && !lookup_; }
 
 private:
     friend class PendingConnection;
+    struct Lookup;
+    static void on_resolved(uv_work_t *req, int status);
+    Status bind_and_listen(const sockaddr *sa);
     static void on_connection(uv_stream_t *server, int status);
     void start_reading(PendingConnection *c);
     void release(PendingConnection *c);
@@ -131,11 +144,19 @@ private:
     OnAccept on_accept_;
     ListenerLimits limits_;
     StreamHandle *server_ = nullptr;
+    Lookup *lookup_ = nullptr; // a name being resolved; it outlives a close()
+    OnListening on_listening_;
     uv_timer_t *sweeper_ = nullptr;
     SocketAddress addr_;
     std::vector<PendingConnection *> pending_;
     DroppedStrangers dropped_;
 };
+
+// Blocking: resolves an inet listen address's host to its numeric form
+// (the first answer, as a listen takes it). For the start, before the loop
+// runs and anyone waits on it; once it runs, SocketListener::listen()
+// resolves off the loop.
+Status resolve_listen_host(SocketAddress *addr);
 
 // Connects `count` sockets to addr. An inet name is resolved on libuv's
 // thread pool and each address tried in turn (QEMU's inet_connect_saddr); a

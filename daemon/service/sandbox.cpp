@@ -1,5 +1,6 @@
 #include "daemon/service/sandbox.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
@@ -11,6 +12,9 @@
 #include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <vector>
 #include <termios.h>
 #include <unistd.h>
 
@@ -39,7 +43,7 @@ const char *const kSandboxAllowed[] = {
     "getcwd", "chdir", "fchdir", "dup", "dup2", "dup3", "fcntl", "flock",
     "copy_file_range", "sendfile", "splice", "tee", "vmsplice", "pipe", "pipe2",
     // sockets: channels, QMP, /metrics, service notifications
-    "socket", "socketpair", "bind", "listen", "accept", "accept4", "connect", "shutdown",
+    "bind", "listen", "accept", "accept4", "connect", "shutdown",
     "getsockname", "getpeername", "setsockopt", "getsockopt", "sendto", "recvfrom", "sendmsg",
     "recvmsg", "sendmmsg", "recvmmsg",
     // waiting: libuv, threads, timers
@@ -50,7 +54,7 @@ const char *const kSandboxAllowed[] = {
     "sched_getaffinity", "set_robust_list", "get_robust_list", "rseq", "set_tid_address",
     // signals
     "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "rt_sigtimedwait", "sigaltstack",
-    "signalfd", "signalfd4", "kill", "tgkill", "tkill", "restart_syscall",
+    "signalfd", "signalfd4", "restart_syscall",
     // process: threads, exits, who we are, limits the daemon reads
     "exit", "exit_group", "getpid", "gettid", "getppid", "getuid", "geteuid", "getgid",
     "getegid", "getgroups", "getresuid", "getresgid", "arch_prctl", "prlimit64",
@@ -98,6 +102,14 @@ const char *const kSandboxDenied[] = {
     "sethostname", "setdomainname", "move_mount", "fsopen", "fsmount", "fspick",
     "open_tree", "mount_setattr",
 };
+
+// The socket families the roles open: unix (QMP, channels, notify), IPv4
+// and IPv6 (channels, /metrics, DNS). glibc's getaddrinfo() also opens a
+// NETLINK_ROUTE socket to sort a name's addresses (check_pf.c), and takes
+// a refusal as "both families present": it gets EAFNOSUPPORT, so that a
+// root daemon cannot change routes or addresses through it. Any other
+// family (AF_PACKET: every interface's traffic) is forbidden.
+const int kSandboxSocketFamilies[] = {AF_UNIX, AF_INET, AF_INET6};
 
 std::atomic<bool> g_denies_spawn{false};
 
@@ -158,6 +170,20 @@ Status build_allow_list(scmp_filter_ctx ctx)
     for (const ArgRule &r : kSandboxAllowedArgs) {
         QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, r.name, SCMP_CMP(r.arg, SCMP_CMP_EQ, r.value)));
     }
+    for (int family : kSandboxSocketFamilies) {
+        QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, "socket", SCMP_A0(SCMP_CMP_EQ, unsigned(family))));
+    }
+    QMIGD_TRY(add_rule(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), "socket",
+                       SCMP_A0(SCMP_CMP_EQ, unsigned(AF_NETLINK))));
+    QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, "socketpair", SCMP_A0(SCMP_CMP_EQ, unsigned(AF_UNIX))));
+    // Signals to itself only (raise(), abort(), pthread_kill() are
+    // tgkill(getpid(), ...)); tkill names no process and is not needed.
+    // No fork after this, so getpid() stays ours. Signal 0 sends nothing:
+    // it asks whether a pid lives (a source's guest, GuestControl).
+    auto self = static_cast<scmp_datum_t>(getpid());
+    QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, "kill", SCMP_A0(SCMP_CMP_EQ, self)));
+    QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, "kill", SCMP_A1(SCMP_CMP_EQ, 0)));
+    QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, "tgkill", SCMP_A0(SCMP_CMP_EQ, self)));
     // Threads, not processes: fork() is clone without CLONE_THREAD.
     QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, "clone",
                        SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, CLONE_THREAD)));
@@ -169,7 +195,10 @@ Status build_deny_list(scmp_filter_ctx ctx, uint32_t deny)
     for (const char *name : kSandboxDenied) {
         QMIGD_TRY(add_rule(ctx, deny, name));
     }
-    return {};
+    // Commands are signalled by process group (kill(-pgid)), so kill stays;
+    // but not every process at once, and no packet sockets for anyone.
+    QMIGD_TRY(add_rule(ctx, deny, "kill", SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffu, 0xffffffffu)));
+    return add_rule(ctx, deny, "socket", SCMP_A0(SCMP_CMP_EQ, unsigned(AF_PACKET)));
 }
 
 Status install_sigsys_handler()
@@ -188,7 +217,58 @@ Status install_sigsys_handler()
     return {};
 }
 
+// Whether the user may create files in a directory with this stat, by
+// its mode bits as the kernel reads them (owner, then group, then others).
+bool user_may_write(const struct stat &st, const struct passwd &pw)
+{
+    constexpr mode_t kUser = S_IWUSR | S_IXUSR, kGroup = S_IWGRP | S_IXGRP,
+                     kOther = S_IWOTH | S_IXOTH;
+    if (pw.pw_uid == 0) {
+        return true;
+    }
+    if (st.st_uid == pw.pw_uid) {
+        return (st.st_mode & kUser) == kUser;
+    }
+    int n = 64;
+    std::vector<gid_t> groups(static_cast<size_t>(n));
+    if (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &n) < 0) {
+        groups.resize(size_t(n));
+        getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &n);
+    }
+    groups.resize(size_t(std::max(n, 0)));
+    if (std::find(groups.begin(), groups.end(), st.st_gid) != groups.end()) {
+        return (st.st_mode & kGroup) == kGroup;
+    }
+    return (st.st_mode & kOther) == kOther;
+}
+
 } // namespace
+
+Status dir_for_user(const std::string &dir, const std::string &user)
+{
+    if (user.empty()) {
+        return {};
+    }
+    struct passwd *pw = getpwnam(user.c_str());
+    if (!pw) {
+        return Error(fmt::format("--runas: no user '{}'", user));
+    }
+    struct stat st;
+    if (::stat(dir.c_str(), &st) != 0 && errno == ENOENT) {
+        // Private (the images are the guest's RAM), and the user's.
+        if (::mkdir(dir.c_str(), 0700) != 0 || ::chown(dir.c_str(), pw->pw_uid, pw->pw_gid) != 0) {
+            return Error(fmt::format("'{}' does not exist and cannot be created for {}: {}", dir,
+                                     user, strerror(errno)));
+        }
+        spdlog::info("created {} for {} to park the VM in", dir, user);
+        return {};
+    }
+    if (::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && !user_may_write(st, *pw)) {
+        return Error(fmt::format("'{}' is not writable by {} (--runas): a park would fail",
+                                 dir, user));
+    }
+    return {}; // other faults are park_dir_check's to report
+}
 
 Status sandbox_parse(const std::string &text, SandboxOptions *out)
 {
@@ -253,7 +333,7 @@ Status sandbox_install(const SandboxOptions &o)
     spdlog::info("sandbox on: {} ({} calls), a forbidden call {}",
                  o.spawn ? "a deny-list, exec: allowed" : "an allow-list, exec: refused",
                  o.spawn ? std::size(kSandboxDenied)
-                         : std::size(kSandboxAllowed) + std::size(kSandboxAllowedArgs) + 1,
+                         : std::size(kSandboxAllowed) + std::size(kSandboxAllowedArgs) + 5,
                  o.kill ? "kills" : "fails with EPERM");
     return {};
 }

@@ -7,13 +7,16 @@
 // spawn=deny (the default): a seccomp allow-list of the calls qmigd's two
 // roles make (kSandboxAllowed in sandbox.cpp; ioctl and prctl only with the
 // arguments in kSandboxAllowedArgs); threads only (clone with
-// CLONE_THREAD), no fork, no execve. exec: migrations are refused in words
+// CLONE_THREAD), no fork, no execve; signals to itself only (kill and
+// tgkill with its own pid; kill's signal 0, which sends nothing, to any); sockets of the families in
+// kSandboxSocketFamilies only (unix, IPv4, IPv6; netlink fails with
+// EAFNOSUPPORT). exec: migrations are refused in words
 // before anything is tried.
 // spawn=allow: exec: commands inherit the filter, and no allow-list can say
 // what an arbitrary command needs; so, as QEMU's sandbox, a deny-list:
 // obsolete calls, privilege changes, resource control and what no
 // migration daemon has business with (mount, ptrace, modules, kexec, bpf,
-// namespaces, keyrings, clocks, reboot...).
+// namespaces, keyrings, clocks, reboot...), kill(-1) and packet sockets.
 // action=kill (the default): a forbidden call logs one line naming it and
 // the process dies of SIGSYS, as QEMU's; errno: it fails with EPERM and the
 // daemon goes on (the operation that needed it fails with that error).
@@ -47,5 +50,12 @@ bool sandbox_denies_spawn();
 // after the start's files and sockets are open, before the sandbox.
 // Either may be empty.
 Status drop_privileges(const std::string &chroot_dir, const std::string &user);
+
+// A directory the daemon writes after the drop to --runas USER (a
+// parking destination's --ram-dir): a missing one is created (0700) and
+// given to USER, an existing one must be writable by USER (its owner,
+// primary or supplementary group, or everyone; ACLs are not read), else
+// the start fails, not the first park. Nothing to do for an empty user.
+Status dir_for_user(const std::string &dir, const std::string &user);
 
 } // namespace qmigd

@@ -16,7 +16,7 @@ import time
 
 from itest import test, main, check, skip
 from fixtures import images, MiB
-from runner import proc_status, Peer, QMIGD, migrate, wait_status, files_equal, unique_name
+from runner import proc_status, Peer, QMIGD, migrate, wait_status, files_equal, unique_name, remove
 from qmp import QMPError
 
 SIZE = 32 * MiB
@@ -131,6 +131,24 @@ def test_spawn_allowed_commands_are_confined_as_configured():
     check(info["status"] == "completed", info)
 
 
+def park_as_nobody(imgs, park, tag, extra=(), before=None):
+    """Parks imgs' one block into a --runas nobody destination's --ram-dir
+    park; checks the image and that it is nobody's."""
+    (name, src_img, _, size), = imgs
+    src = Peer("qmigd", "source", [(name, src_img, size)], f"{tag}-src")
+    dst = Peer("qmigd", "dest", [], f"{tag}-dst", ["--ram-dir", park, "--runas", "nobody"] + list(extra))
+    try:
+        if before:
+            before()
+        migrate(src, dst, multifd=True, timeout=60)
+        parked = os.path.join(park, "00-mem.img")
+        check(files_equal(src_img, parked), "parked image differs")
+        check(os.stat(parked).st_uid == pwd.getpwnam("nobody").pw_uid, "not nobody's")
+    finally:
+        src.stop()
+        dst.stop()
+
+
 @test
 def test_runas_and_chroot():
     """--runas nobody --chroot EMPTY: the destination drops to nobody in an
@@ -160,17 +178,7 @@ def test_runas_and_chroot():
             finally:
                 src.stop()
                 dst.stop()
-            src = Peer("qmigd", "source", [(name, src_img, size)], "sbx-rp-src")
-            dst = Peer("qmigd", "dest", [], "sbx-rp-dst",
-                       ["--ram-dir", park, "--runas", "nobody", "--sandbox", "on"])
-            try:
-                migrate(src, dst, multifd=True, timeout=60)
-                parked = os.path.join(park, "00-mem.img")
-                check(files_equal(src_img, parked), "parked image differs")
-                check(os.stat(parked).st_uid == nobody.pw_uid, "not nobody's")
-            finally:
-                src.stop()
-                dst.stop()
+            park_as_nobody(imgs, park, "sbx-rp", ["--sandbox", "on"])
     finally:
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(park, ignore_errors=True)
@@ -190,6 +198,78 @@ def test_bad_options_fail_at_start():
                                capture_output=True, text=True, timeout=30)
             check(r.returncode == 1 and want in r.stderr, (extra, r.returncode, r.stderr))
             check(not os.path.exists(qmp), f"{qmp} left behind")
+
+
+@test
+def test_incoming_exec_at_start_is_confined():
+    """--incoming exec: given at start: refused in words under the
+    allow-list (spawn=deny), as migrate-incoming exec: is; with spawn=allow
+    its command starts after the filter and the uid drop, so it runs
+    confined (Seccomp 2) and as the --runas user."""
+    with images(MiB, "zero") as imgs:
+        (name, _, dst_img, size), = imgs
+        qmp = f"/tmp/{unique_name('sbx-inexec')}.qmp"
+        mark = f"/tmp/{unique_name('sbx-inexec')}.ran"
+        cmd = f"exec:touch {mark}; cat /dev/null"
+        r = subprocess.run([QMIGD, "dest", "--qmp", qmp, "--ram", f"{name}={dst_img},size={size}",
+                            "--sandbox", "on", "--incoming", cmd],
+                           capture_output=True, text=True, timeout=10)
+        ran = os.path.exists(mark)
+        remove(mark)
+        check(r.returncode == 1 and "the sandbox denies starting commands" in r.stderr,
+              (r.returncode, r.stderr))
+        check(not ran, "the command ran before the filter")
+        out = f"/tmp/{unique_name('sbx-inexec')}.status"
+        try:
+            nobody = pwd.getpwnam("nobody")
+        except KeyError:
+            skip("no user 'nobody' on this host")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        d = Peer("qmigd", "dest", [(name, dst_img, size)], "sbx-inexec",
+                 ["--sandbox", "on,spawn=allow", "--runas", "nobody", "--incoming",
+                  f"exec:cat /proc/self/status > {out}; sleep 30"])
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not (os.path.exists(out) and os.path.getsize(out)):
+                time.sleep(0.05)
+            status = dict(l.split(":\t", 1) for l in open(out).read().splitlines() if ":\t" in l)
+            check(status.get("Seccomp") == "2", f"the command's Seccomp: {status.get('Seccomp')}")
+            check(status["Uid"].split()[0] == str(nobody.pw_uid), status["Uid"])
+        finally:
+            d.stop()
+            remove(out)
+
+
+@test
+def test_runas_ram_dir_is_the_users():
+    """--runas nobody with a --ram-dir that does not exist yet: created
+    for nobody, and a park into it completes with nobody's files; an
+    existing directory nobody cannot write fails the start in words, not
+    the first park."""
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        skip("no user 'nobody' on this host")
+    top = tempfile.mkdtemp(prefix="qmigd-runas-", dir="/dev/shm")
+    os.chmod(top, 0o755)
+    park = os.path.join(top, "vm")
+    try:
+        with images(SIZE, "mixed") as imgs:
+            def created_for_nobody():
+                st = os.stat(park)
+                check(st.st_uid == nobody.pw_uid and st.st_mode & 0o777 == 0o700,
+                      f"{park}: uid {st.st_uid}, mode {st.st_mode:o}")
+            park_as_nobody(imgs, park, "sbx-rd", before=created_for_nobody)
+        shutil.rmtree(park)
+        os.mkdir(park, 0o700)  # root's
+        qmp = f"/tmp/{unique_name('sbx-rd-bad')}.qmp"
+        r = subprocess.run([QMIGD, "dest", "--qmp", qmp, "--ram-dir", park, "--runas", "nobody"],
+                           capture_output=True, text=True, timeout=30)
+        check(r.returncode == 1 and f"'{park}' is not writable by nobody" in r.stderr,
+              (r.returncode, r.stderr))
+        check(not os.path.exists(qmp), f"{qmp} left behind")
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
 
 
 if __name__ == "__main__":

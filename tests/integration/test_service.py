@@ -158,6 +158,128 @@ def test_journal_priorities():
         check(re.match(r"\d{4}-\d\d-\d\d ", plain.log_text()), plain.log_text()[:200])
 
 
+class SilentDns:
+    """A DNS server of the test's own on 127.0.0.x:53 that reads every
+    query and never answers: a resolver that takes its whole timeout."""
+
+    def __init__(self):
+        import random
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for _ in range(50):
+            self.addr = f"127.0.{random.randint(1, 254)}.{random.randint(2, 254)}"
+            try:
+                self.sock.bind((self.addr, 53))
+                break
+            except OSError:
+                continue
+        else:
+            raise AssertionError("no free 127.0.x.y:53")
+        self.sock.setblocking(False)
+        self.queries = 0
+        self.resolv = f"/tmp/{unique_name('resolv')}.conf"
+        with open(self.resolv, "w") as f:
+            f.write(f"nameserver {self.addr}\noptions timeout:2 attempts:1\n")
+
+    def count(self):
+        try:
+            while True:
+                self.sock.recv(512)
+                self.queries += 1
+        except BlockingIOError:
+            pass
+        return self.queries
+
+    def wrap(self):
+        """The daemon in a mount namespace of its own whose /etc/resolv.conf
+        names this server (the host's is untouched; the pid stays the daemon's)."""
+        return ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                'mount --bind "$0" /etc/resolv.conf && exec "$@"', self.resolv]
+
+    def close(self):
+        self.sock.close()
+        os.unlink(self.resolv)
+
+
+@test
+def test_incoming_name_resolves_off_the_loop():
+    """migrate-incoming tcp:NAME:PORT with a DNS server that never answers:
+    the command answers at once, another monitor client and the watchdog
+    are served all through the lookup, which ends `failed` with QEMU's
+    text; the daemon then listens on a numeric address as before."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        skip("needs root and unshare for a private /etc/resolv.conf")
+    dns = SilentDns()
+    n = NotifySocket()
+    d = None
+    try:
+        with images(SIZE, "zero") as imgs:
+            d = Peer("qmigd", "dest", [("mem", imgs[0][2], SIZE)], "svc-dns",
+                     wrap=dns.wrap(), env=n.env(200000))
+            n.wait_for("READY=1")
+            other = QMP(d.qmp_path)
+            t0 = time.monotonic()
+            d.qmp.cmd("migrate-incoming", uri="tcp:qmigd-slow.example:0")
+            answered = time.monotonic() - t0
+            worst = 0.0
+            while time.monotonic() - t0 < 1.5:
+                t = time.monotonic()
+                other.cmd("query-status")
+                worst = max(worst, time.monotonic() - t)
+                n.read(0.05)
+            check(dns.count() > 0, "the resolver never asked the test's DNS server")
+            check(answered < 0.5, f"migrate-incoming answered after {answered:.2f} s")
+            check(worst < 0.5, f"query-status took {worst:.2f} s during the lookup")
+            pings = [t for t, m in n.messages if "WATCHDOG=1" in m and t >= t0]
+            gaps = [b - a for a, b in zip([t0] + pings, pings)]
+            check(pings and max(gaps) < 0.5, f"watchdog gaps {gaps}")
+            info = wait_status(d, ("failed",), 30, fail_on=())
+            check("address resolution failed for qmigd-slow.example:0" in info.get("error-desc", ""),
+                  info)
+            other.close()
+            port = start_incoming(d)
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    finally:
+        if d:
+            d.stop()
+        n.close()
+        dns.close()
+
+
+@test
+def test_log_lines_cannot_be_forged():
+    """A source whose RAM block is named "mem\\n<0>emerg: ..." parks into
+    a destination logging to a journal stream: every line the destination
+    writes is one of its own, at its own priority, the name escaped."""
+    forged = "mem\n<0>emerg: forged by the peer\x1b[2J"
+    park = tempfile.mkdtemp(prefix="qmigd-forge-", dir="/dev/shm")
+    with images(SIZE, "mixed") as imgs:
+        s = d = None
+        try:
+            s = Peer("qmigd", "source", [(forged, imgs[0][1], SIZE)], "svc-forge-src")
+            d = Peer("qmigd", "dest", [], "svc-forge-dst", ["--ram-dir", park],
+                     env=lambda log: {"JOURNAL_STREAM": "%d:%d" % (os.fstat(log.fileno()).st_dev,
+                                                                   os.fstat(log.fileno()).st_ino)})
+            port = start_incoming(d)
+            s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+            wait_status(s, ("completed",), 30)
+            wait_status(d, ("completed",), 30)
+        finally:
+            for p in (s, d):
+                if p:
+                    p.stop()
+            shutil.rmtree(park, True)
+    for peer in (s, d):
+        text = peer.log_text()
+        check("\x1b" not in text, "an escape sequence reached the log")
+        lines = text.splitlines()
+        check(not any(l.startswith("<0>") or l.startswith("emerg") for l in lines),
+              [l for l in lines if "emerg" in l])
+    lines = d.log_text().splitlines()
+    check(all(re.match(r"<[0-7]>(info|warning|error|critical|debug): ", l) for l in lines if l),
+          lines)
+    check(any("mem\\n<0>emerg: forged by the peer\\x1b[2J" in l for l in lines), lines)
+
+
 @test
 def test_units_verify():
     """systemd-analyze verify takes both units (with this build's qmigd)."""
@@ -182,6 +304,21 @@ def test_units_verify():
             check(r.returncode == 0 and not noise, f"{role}: {r.returncode} {noise}")
     finally:
         shutil.rmtree(work, True)
+
+
+@test
+def test_units_exposure_below_5():
+    """systemd-analyze security rates both units below 5.0 (docs/service.md
+    gives the figures and why what remains does)."""
+    if not shutil.which("systemd-analyze"):
+        skip("systemd-analyze is not installed")
+    for role in ("dest", "source"):
+        unit = os.path.join(UNITS, f"qmigd-{role}@.service")
+        r = subprocess.run(["systemd-analyze", "security", "--offline=yes", unit],
+                           capture_output=True, text=True)
+        m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", r.stdout + r.stderr)
+        check(m, f"{role}: {r.returncode} {r.stdout[-500:]} {r.stderr[-500:]}")
+        check(float(m.group(1)) < 5.0, f"qmigd-{role}@: exposure {m.group(1)}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -152,6 +154,71 @@ TEST_CASE("the allow-list: threads run, fork kills naming clone, or fails with E
     CHECK(WEXITSTATUS(refused.status) == 0);
 }
 
+TEST_CASE("the allow-list: signals to itself only, sockets of the roles' families only")
+{
+    if (kSanitized) {
+        WARN("skipped under a sanitizer: its runtime's calls are not the daemon's");
+        return;
+    }
+    ChildEnd end = in_child([] {
+        pid_t parent = getppid();
+        if (!sandbox_install(parsed("on,action=errno"))) {
+            return 10;
+        }
+        // Itself: kill and tgkill (raise(), pthread_kill()) work.
+        if (kill(getpid(), 0) != 0 || syscall(SYS_tgkill, getpid(), gettid(), 0) != 0) {
+            return 11;
+        }
+        // Anyone else, every process, a thread named without its process: no
+        // (SIGCONT: harmless if the filter let it through). Signal 0 sends
+        // nothing and tells whether a pid lives: yes.
+        if (kill(parent, SIGCONT) != -1 || errno != EPERM || kill(-1, SIGCONT) != -1 ||
+            errno != EPERM || kill(parent, 0) != 0) {
+            return 12;
+        }
+        if (syscall(SYS_tgkill, parent, parent, SIGCONT) != -1 || errno != EPERM ||
+            syscall(SYS_tkill, gettid(), 0) != -1 || errno != EPERM) {
+            return 13;
+        }
+        for (int family : {AF_UNIX, AF_INET, AF_INET6}) {
+            int fd = socket(family, SOCK_STREAM, 0);
+            if (fd < 0) {
+                return 14;
+            }
+            close(fd);
+        }
+        int sv[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
+            return 15;
+        }
+        close(sv[0]);
+        close(sv[1]);
+        // getaddrinfo()'s probe fails as on a kernel without netlink.
+        if (socket(AF_NETLINK, SOCK_RAW, 0) != -1 || errno != EAFNOSUPPORT) {
+            return 16;
+        }
+        if (socket(AF_PACKET, SOCK_RAW, 0) != -1 || errno != EPERM) {
+            return 17;
+        }
+        return 0;
+    });
+    INFO(end.stderr_text);
+    REQUIRE(WIFEXITED(end.status));
+    CHECK(WEXITSTATUS(end.status) == 0);
+
+    ChildEnd killed = in_child([] {
+        pid_t parent = getppid();
+        if (!sandbox_install(parsed("on"))) {
+            return 10;
+        }
+        kill(parent, SIGCONT);
+        return 11;
+    });
+    INFO(killed.stderr_text);
+    REQUIRE(WIFSIGNALED(killed.status));
+    CHECK(killed.stderr_text.find("forbidden system call kill (62): killed") != std::string::npos);
+}
+
 TEST_CASE("spawn=allow: the deny-list lets a command start and refuses QEMU's sets")
 {
     if (kSanitized) {
@@ -178,6 +245,12 @@ TEST_CASE("spawn=allow: the deny-list lets a command start and refuses QEMU's se
         }
         if (setuid(0) != -1 || errno != EPERM) {
             return 13;
+        }
+        // A command is signalled by its group, but nobody signals everyone,
+        // and nobody reads every interface's packets.
+        if (kill(-1, 0) != -1 || errno != EPERM || socket(AF_PACKET, SOCK_RAW, 0) != -1 ||
+            errno != EPERM) {
+            return 14;
         }
         return 0;
     });
