@@ -125,6 +125,12 @@ QapiType qapi_of_kind(QapiType::Kind k)
     return t;
 }
 
+const QapiType kQapiStr = qapi_of_kind(QapiType::Kind::Str);
+const QapiType kQapiBool = qapi_of_kind(QapiType::Kind::Bool);
+const QapiType kQapiUint16 = qapi_of_kind(QapiType::Kind::Uint16);
+const QapiType kQapiUint32 = qapi_of_kind(QapiType::Kind::Uint32);
+const QapiType kQapiUint64 = qapi_of_kind(QapiType::Kind::Uint64);
+
 QapiType qapi_list_of(const QapiType *element)
 {
     QapiType t = qapi_of_kind(QapiType::Kind::List);

@@ -35,6 +35,10 @@ struct QapiType {
 
 // Schema builders, for types written as constants.
 QapiType qapi_of_kind(QapiType::Kind k);
+// QAPI's scalars, one of each for every schema: other files' schema
+// constants point at them (only their addresses are taken while statics
+// are made, so the order of initialisation does not matter).
+extern const QapiType kQapiStr, kQapiBool, kQapiUint16, kQapiUint32, kQapiUint64;
 QapiType qapi_list_of(const QapiType *element);
 QapiType qapi_enum(std::vector<std::string> values);
 QapiType qapi_struct(std::vector<QapiType::Member> members);

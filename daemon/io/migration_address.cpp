@@ -70,31 +70,26 @@ std::string MigrationAddress::uri() const
 
 namespace {
 
-const QapiType kStr = qapi_of_kind(QapiType::Kind::Str);
-const QapiType kBool = qapi_of_kind(QapiType::Kind::Bool);
-const QapiType kUint16 = qapi_of_kind(QapiType::Kind::Uint16);
-const QapiType kUint32 = qapi_of_kind(QapiType::Kind::Uint32);
-const QapiType kSize = qapi_of_kind(QapiType::Kind::Uint64);
-const QapiType kStrList = qapi_list_of(&kStr);
+const QapiType kStrList = qapi_list_of(&kQapiStr);
 
 // qapi/sockets.json and qapi/migration.json of QEMU 10.0.
-const QapiType kInet = qapi_struct({{"host", &kStr},
-                                    {"port", &kStr},
-                                    {"numeric", &kBool, true},
-                                    {"to", &kUint16, true},
-                                    {"ipv4", &kBool, true},
-                                    {"ipv6", &kBool, true},
-                                    {"keep-alive", &kBool, true},
-                                    {"keep-alive-count", &kUint32, true},
-                                    {"keep-alive-idle", &kUint32, true},
-                                    {"keep-alive-interval", &kUint32, true},
-                                    {"mptcp", &kBool, true}});
+const QapiType kInet = qapi_struct({{"host", &kQapiStr},
+                                    {"port", &kQapiStr},
+                                    {"numeric", &kQapiBool, true},
+                                    {"to", &kQapiUint16, true},
+                                    {"ipv4", &kQapiBool, true},
+                                    {"ipv6", &kQapiBool, true},
+                                    {"keep-alive", &kQapiBool, true},
+                                    {"keep-alive-count", &kQapiUint32, true},
+                                    {"keep-alive-idle", &kQapiUint32, true},
+                                    {"keep-alive-interval", &kQapiUint32, true},
+                                    {"mptcp", &kQapiBool, true}});
 const QapiType kUnix =
-    qapi_struct({{"path", &kStr}, {"abstract", &kBool, true}, {"tight", &kBool, true}});
-const QapiType kVsock = qapi_struct({{"cid", &kStr}, {"port", &kStr}});
-const QapiType kFdStr = qapi_struct({{"str", &kStr}});
+    qapi_struct({{"path", &kQapiStr}, {"abstract", &kQapiBool, true}, {"tight", &kQapiBool, true}});
+const QapiType kVsock = qapi_struct({{"cid", &kQapiStr}, {"port", &kQapiStr}});
+const QapiType kFdStr = qapi_struct({{"str", &kQapiStr}});
 const QapiType kExec = qapi_struct({{"args", &kStrList}});
-const QapiType kFile = qapi_struct({{"filename", &kStr}, {"offset", &kSize}});
+const QapiType kFile = qapi_struct({{"filename", &kQapiStr}, {"offset", &kQapiUint64}});
 const QapiType kSocketType = qapi_enum({"inet", "unix", "vsock", "fd"});
 const QapiType kTransport = qapi_enum({"socket", "exec", "rdma", "file"});
 const QapiType kChannelType = qapi_enum({"main", "cpr"});

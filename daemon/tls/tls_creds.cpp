@@ -132,26 +132,24 @@ using nlohmann::json;
 // QEMU 10's ObjectOptions for the two types qmigd has (qapi/qom.json and
 // qapi/crypto.json): object-add's arguments are checked against it with
 // QEMU's own errors before anything reads them.
-const QapiType kStr = qapi_of_kind(QapiType::Kind::Str);
-const QapiType kBool = qapi_of_kind(QapiType::Kind::Bool);
 const QapiType kPolicy = qapi_enum({"deny", "allow"});
 const QapiType kFormat = qapi_enum({"exact", "glob"});
 const QapiType kRule =
-    qapi_struct({{"match", &kStr}, {"policy", &kPolicy}, {"format", &kFormat, true}});
+    qapi_struct({{"match", &kQapiStr}, {"policy", &kPolicy}, {"format", &kFormat, true}});
 const QapiType kRules = qapi_list_of(&kRule);
 const QapiType kAuthzList = qapi_struct({{"policy", &kPolicy, true}, {"rules", &kRules, true}});
 const QapiType kEndpoint = qapi_enum({"client", "server"});
-const QapiType kCredsX509 = qapi_struct({{"verify-peer", &kBool, true},
-                                         {"dir", &kStr, true},
+const QapiType kCredsX509 = qapi_struct({{"verify-peer", &kQapiBool, true},
+                                         {"dir", &kQapiStr, true},
                                          {"endpoint", &kEndpoint, true},
-                                         {"priority", &kStr, true},
-                                         {"sanity-check", &kBool, true},
-                                         {"passwordid", &kStr, true}});
+                                         {"priority", &kQapiStr, true},
+                                         {"sanity-check", &kQapiBool, true},
+                                         {"passwordid", &kQapiStr, true}});
 const QapiType kObjectType = qapi_enum({"authz-list", "tls-creds-x509"});
 const QapiType kObject = [] {
     QapiType t = qapi_flat_union("qom-type", &kObjectType,
                                  {{"authz-list", &kAuthzList}, {"tls-creds-x509", &kCredsX509}});
-    t.members.push_back({"id", &kStr});
+    t.members.push_back({"id", &kQapiStr});
     return t;
 }();
 
