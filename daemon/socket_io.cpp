@@ -352,4 +352,49 @@ Result<int> connect_to_peer_of(int fd, unsigned timeout_ms)
     return blocking;
 }
 
+Status PeerWriteGuard::begin(int fd, size_t n)
+{
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!aborted_) {
+            fd_ = fd; // Pairs with abort(): from here on it shuts us out
+            return {};
+        }
+    }
+    if (n > kAbortedWriteMax) {
+        return Error("the migration is ending: nothing more goes to the peer");
+    }
+    pollfd p{fd, POLLOUT, 0};
+    int rc;
+    do {
+        rc = poll(&p, 1, kAbortedWriteWaitMs);
+    } while (rc < 0 && errno == EINTR);
+    if (rc <= 0 || !(p.revents & POLLOUT) || (p.revents & (POLLERR | POLLHUP))) {
+        return Error("the peer does not read what is sent to it: write abandoned");
+    }
+    return {}; // room for n bytes: the write cannot block
+}
+
+void PeerWriteGuard::end()
+{
+    std::lock_guard<std::mutex> lk(mu_);
+    fd_ = -1;
+}
+
+void PeerWriteGuard::abort()
+{
+    std::lock_guard<std::mutex> lk(mu_);
+    aborted_ = true;
+    if (fd_ >= 0) {
+        ::shutdown(fd_, SHUT_WR);
+    }
+}
+
+void PeerWriteGuard::reset()
+{
+    std::lock_guard<std::mutex> lk(mu_);
+    fd_ = -1;
+    aborted_ = false;
+}
+
 } // namespace qmigd
