@@ -10,11 +10,14 @@ recovery sends; and the destination reads the preempt channel to its end
 marker, so a page still on a slow link (a delaying proxy) is not lost.
 Fake peers speak the wire format by hand (wire.py). A hang is a timeout
 here, and `quit` must end a daemon within seconds whatever its peer does."""
+import array
 import contextlib
+import fcntl
 import os
 import socket
 import struct
 import subprocess
+import termios
 import threading
 import time
 
@@ -213,6 +216,88 @@ def test_quit_while_the_source_never_reads():
             check(quits_in_time(d), "quit hung while the return path was blocked")
         finally:
             c.close()
+
+
+class PreemptNeverRead:
+    """A postcopy destination that drains the main channel, asks for every
+    page once the package is in, and never reads the preempt channel."""
+
+    def __init__(self, pages):
+        self.srv = socket.socket()
+        self.srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(4)
+        self.srv.settimeout(30)
+        self.port, self.pages, self.conns = self.srv.getsockname()[1], pages, []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        try:
+            m, _ = self.srv.accept()
+            self.conns.append(m)
+            read_until(m, wire.command(wire.CMD_PACKAGED, wire.be32(0))[:5])
+            self.conns.append(self.srv.accept()[0])  # the preempt channel, never read
+            asks = struct.pack(">HHQIB", 3, 16, 0, wire.PAGE, 3) + b"mem"
+            asks += b"".join(struct.pack(">HHQI", 4, 12, i * wire.PAGE, wire.PAGE)
+                             for i in range(1, self.pages))
+            m.sendall(asks)
+            drain(m, self.stop)
+        except OSError:
+            pass
+
+    def queued(self):
+        buf = array.array("i", [0])
+        fcntl.ioctl(self.conns[1], termios.FIONREAD, buf)
+        return buf[0]
+
+    def wait_stalled(self, timeout=15):
+        """Until pages are queued on the preempt channel and stop coming."""
+        deadline, last = time.monotonic() + timeout, -1
+        while True:
+            check(time.monotonic() < deadline, "the preempt channel never filled")
+            now = self.queued() if len(self.conns) > 1 else 0
+            if now and now == last:
+                return
+            last = now
+            time.sleep(0.2)
+
+    def close(self):
+        self.stop.set()
+        self.srv.close()
+        self.thread.join(timeout=30)
+        for c in self.conns:
+            c.close()
+
+
+@test
+def test_source_blocked_on_the_preempt_channel_pauses_and_quits():
+    """A qmigd source whose destination asks for every page and never
+    reads the preempt channel: migrate-pause pauses it (the preempt
+    channel is shut down with the main one), and quit ends it."""
+    size = 32 * MiB
+    path = f"/dev/shm/{unique_name('hp-src')}.ram"
+    make_image(path, size, "random")
+    s = Peer("qmigd", "source", [("mem", path, size)], "hp-src")
+    fake = PreemptNeverRead(size // wire.PAGE)
+    try:
+        s.qmp.cmd("migrate-set-capabilities", capabilities=PC + PREEMPT)
+        s.qmp.cmd("migrate-set-parameters", {"max-bandwidth": 1 * MiB,
+                                             "max-postcopy-bandwidth": 1 * MiB})
+        s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{fake.port}")
+        s.qmp.cmd("migrate-start-postcopy")
+        wait_status(s, ("postcopy-active",), timeout=15)
+        # Requested pages go at once, whatever the bandwidth: the writer
+        # blocks once the preempt channel's buffers are full.
+        fake.wait_stalled()
+        s.qmp.cmd("migrate-pause")
+        wait_status(s, ("postcopy-paused",), timeout=5, fail_on=("failed", "completed"))
+        check(quits_in_time(s), "quit hung")
+    finally:
+        fake.close()
+        s.stop()
+        remove(path)
 
 
 # --- 4. the preempt channel during postcopy --------------------------------
