@@ -444,42 +444,21 @@ def test_preempt_pages_are_in_the_received_bitmap():
               f"pages 5 and 9 are not in the received bitmap ({bits:#x})")
 
 
-class DelayProxy:
-    """A slow link (this kernel has no netem): forwards one connection to
-    `port`, each chunk `delay` seconds after it came; the end too."""
-
-    def __init__(self, port, delay):
-        self.srv = socket.create_server(("127.0.0.1", 0))
-        self.srv.settimeout(30)
-        self.port, self.target, self.delay = self.srv.getsockname()[1], port, delay
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
-
-    def run(self):
-        try:
-            a, _ = self.srv.accept()
-        except OSError:
-            return
-        b = socket.create_connection(("127.0.0.1", self.target))
-        try:
+def delay_proxy(port, delay):
+    """A slow link (this kernel has no netem): a Listener that forwards its
+    connection to `port`, each chunk `delay` seconds after it came, and its
+    end too."""
+    def forward(a):
+        with socket.create_connection(("127.0.0.1", port)) as b:
             while True:
                 chunk = a.recv(1 << 16)
-                at = time.monotonic() + self.delay
-                time.sleep(max(0.0, at - time.monotonic()))
+                time.sleep(delay)
                 if not chunk:
                     b.shutdown(socket.SHUT_WR)
                     drain(b)
                     return
                 b.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            a.close()
-            b.close()
-
-    def close(self):
-        self.srv.close()
-        self.thread.join(timeout=30)
+    return Listener(forward)
 
 
 @test
@@ -489,7 +468,7 @@ def test_no_preempt_page_in_flight_is_lost():
     channel to its marker before it completes, so the page is there."""
     with daemon("dest", "hp-dst") as d:
         port, m = postcopy_dest(d)
-        proxy = DelayProxy(port, 0.5)
+        proxy = delay_proxy(port, 0.5)
         p = socket.create_connection(("127.0.0.1", proxy.port))
         try:
             wait_log(d, "postcopy preempt channel connected")
