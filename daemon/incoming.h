@@ -240,6 +240,7 @@ private:
     bool preempt_ended_ = false;     // protected by preempt_mu_: shut down here
     bool preempt_draining_ = false;  // protected by preempt_mu_: the main stream ended
     bool preempt_done_ = false;      // protected by preempt_mu_: the reader returned
+    bool preempt_used_ = false;      // protected by preempt_mu_: a byte came on it
     std::thread preempt_thread_;     // protected by preempt_mu_
 
     // Postcopy recovery's hand-over, loop thread to load thread.

@@ -29,7 +29,7 @@ bool IncomingMigration::take_preempt(PendingConnection *c)
     }
     set_link_timeout(*fd, params_.link_timeout_ms);
     preempt_fd_ = *fd;
-    preempt_done_ = false;
+    preempt_done_ = preempt_used_ = false;
     preempt_thread_ = std::thread([this, fd = *fd, generation = generation_] {
         set_thread_name("mig/dst/preempt");
         preempt_thread_main(fd, generation);
@@ -66,6 +66,10 @@ Status IncomingMigration::preempt_load(int fd)
     cfg.blocks = *descs;
     FdInputStream in(fd, {}, nullptr);
     QEMUFileReader f(in, 64 * 1024);
+    if (f.peek_byte() >= 0) {
+        std::lock_guard<std::mutex> lk(preempt_mu_);
+        preempt_used_ = true; // the source sends on it: end_preempt() drains it
+    }
     std::unique_ptr<ReturnPathOut> no_rp;
     ImageLoadHandler handler(
         blocks_, nullptr, nullptr, {},
@@ -118,16 +122,22 @@ void IncomingMigration::preempt_failed(const Error &err, uint64_t generation)
     });
 }
 
-// `drain` (the load thread, once the main stream ended well): the preempt
-// reader first reads to the source's end marker, so that no page still on
-// its way is lost; a source that sends none is waited for up to the link
-// timeout. abort_with() ends the wait at once (it shuts the channel).
+// `drain` (the load thread, once the main stream ended well): a channel
+// the source sends on is read to its end marker first (an EOS record:
+// QEMU's postcopy_preempt_shutdown_file(), which a qmigd source sends and
+// a QEMU 10 source only with x-preempt-pre-7-2), so that no page still on
+// a slow link is lost; a source that sends none is waited for up to the
+// link timeout. A channel that carried nothing is shut at once, as QEMU 10
+// does: a QEMU 10 or qmigd source sends only the pages a destination asks
+// for on it, and a qmigd destination asks for none. abort_with() ends the
+// wait at any time (it shuts the channel down).
 void IncomingMigration::end_preempt(bool drain)
 {
     std::thread t;
     {
         std::unique_lock<std::mutex> lk(preempt_mu_);
-        if (drain && preempt_thread_.joinable()) {
+        if (drain && preempt_thread_.joinable() &&
+            (preempt_used_ || bytes_queued(preempt_fd_) > 0)) {
             preempt_draining_ = true;
             auto done = [this] { return preempt_done_; };
             if (params_.link_timeout_ms) {

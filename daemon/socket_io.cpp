@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -350,6 +351,12 @@ Result<int> connect_to_peer_of(int fd, unsigned timeout_ms)
     auto blocking = take_blocking_fd(s);
     ::close(s);
     return blocking;
+}
+
+size_t bytes_queued(int fd)
+{
+    int n = 0;
+    return fd >= 0 && ioctl(fd, FIONREAD, &n) == 0 && n > 0 ? size_t(n) : 0;
 }
 
 Status PeerWriteGuard::begin(int fd, size_t n)

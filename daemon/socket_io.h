@@ -135,6 +135,8 @@ private:
     bool aborted_ = false; // protected by mu_
 };
 
+// Bytes that came on a socket and are not read yet (0 on an error).
+size_t bytes_queued(int fd);
 // Wakes a thread blocked on fd (shutdown both directions); idempotent.
 void shutdown_fd(int fd);
 // Makes a dup of a libuv-owned socket that blocks, with TCP_NODELAY.

@@ -6,8 +6,9 @@ channel during postcopy pauses (a link cut half-way through a page, a
 stranger in the preempt slot during a recovery) instead of failing; a
 RESUME_ACK outside a recovery is dropped, as a QEMU 10 source drops it;
 pages that came on the preempt channel are in the received bitmap a
-recovery sends; and the destination reads the preempt channel to its end
-marker, so a page still on a slow link (a delaying proxy) is not lost.
+recovery sends; and a destination reads a preempt channel its source sends
+on to the end marker, so a page still on a slow link (a delaying proxy) is
+not lost.
 Fake peers speak the wire format by hand (wire.py). A hang is a timeout
 here, and `quit` must end a daemon within seconds whatever its peer does."""
 import array
@@ -447,7 +448,9 @@ def test_preempt_pages_are_in_the_received_bitmap():
 def delay_proxy(port, delay):
     """A slow link (this kernel has no netem): a Listener that forwards its
     connection to `port`, each chunk `delay` seconds after it came, and its
-    end too."""
+    end too. Its `forwarded` is set once the first chunk went on."""
+    forwarded = threading.Event()
+
     def forward(a):
         with socket.create_connection(("127.0.0.1", port)) as b:
             while True:
@@ -458,21 +461,28 @@ def delay_proxy(port, delay):
                     drain(b)
                     return
                 b.sendall(chunk)
-    return Listener(forward)
+                forwarded.set()
+    proxy = Listener(forward)
+    proxy.forwarded = forwarded
+    return proxy
 
 
 @test
 def test_no_preempt_page_in_flight_is_lost():
-    """A page and the end marker on a preempt channel 0.5 s slower than the
-    main channel, which ends at once: the destination reads the preempt
-    channel to its marker before it completes, so the page is there."""
+    """A source that sends pages on a preempt channel 0.5 s slower than the
+    main channel: its second page and the end marker are still on the link
+    when the main channel ends; the destination reads the preempt channel
+    to the marker before it completes, so both pages are there."""
+    page = {7: b"\xef" * wire.PAGE, 11: b"\x5a" * wire.PAGE}
     with daemon("dest", "hp-dst") as d:
         port, m = postcopy_dest(d)
         proxy = delay_proxy(port, 0.5)
         p = socket.create_connection(("127.0.0.1", proxy.port))
         try:
             wait_log(d, "postcopy preempt channel connected")
-            p.sendall(wire.page(7 * wire.PAGE, b"\xef" * wire.PAGE) + wire.flag(wire.EOS))
+            p.sendall(wire.page(7 * wire.PAGE, page[7]))
+            check(proxy.forwarded.wait(10), "the proxy forwarded nothing")
+            p.sendall(wire.page(11 * wire.PAGE, page[11]) + wire.flag(wire.EOS))
             m.sendall(wire.end() + wire.flag(wire.EOS) + wire.footer() + b"\x00")
             t0 = time.monotonic()
             di = wait_status(d, ("completed",), timeout=30)
@@ -481,7 +491,8 @@ def test_no_preempt_page_in_flight_is_lost():
             p.close()
             m.close()
             proxy.close()
-        check(page_of(d.image, 7) == b"\xef" * wire.PAGE, "the page on the slow link was lost")
+        for i, data in page.items():
+            check(page_of(d.image, i) == data, f"page {i} on the slow link was lost")
         print(f"  completed {took:.2f} s after the main channel's end, "
               f"{di['incoming']['normal']} page(s)")
 
