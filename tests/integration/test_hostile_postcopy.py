@@ -425,12 +425,12 @@ def test_preempt_pages_are_in_the_received_bitmap():
         p = preempt_connect(d, port)
         # Page 9 not next to page 5: the reader writes page 5 out when it comes.
         p.sendall(wire.page(5 * wire.PAGE, b"\xcd" * wire.PAGE) +
-                  wire.page(9 * wire.PAGE, b"\xcd" * wire.PAGE))
+                  wire.page(9 * wire.PAGE, b"\xcd" * wire.PAGE) + wire.flag(wire.EOS))
         deadline = time.monotonic() + 10
         while page_of(d.image, 5) != b"\xcd" * wire.PAGE:
             check(time.monotonic() < deadline, "the preempt page never reached the image")
             time.sleep(0.02)
-        m.close()  # the main channel breaks; the preempt channel is ended by the pause
+        m.close()  # the main channel breaks
         wait_status(d, ("postcopy-paused",), timeout=10, fail_on=("failed", "completed"))
         rport = free_port()
         d.qmp.cmd("migrate-recover", uri=f"tcp:127.0.0.1:{rport}")
