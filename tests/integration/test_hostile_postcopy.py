@@ -189,8 +189,8 @@ def unix_connector(path):
 @test
 def test_cancel_while_the_source_never_reads():
     """unix: (no dead-link timeout there): the load thread blocked writing
-    PONGs does not keep migrate_cancel from ending the migration, and the
-    daemon then migrates nothing more but quits at once."""
+    PONGs does not keep migrate_cancel from ending the migration
+    (`cancelled` within seconds), and the daemon then quits at once."""
     path = f"/tmp/{unique_name('hp-rp')}.sock"
     with daemon("dest", "hp-dst") as d:
         d.qmp.cmd("migrate-incoming", uri=f"unix:{path}")
