@@ -72,6 +72,7 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     {
         std::lock_guard<std::mutex> lk(preempt_mu_);
         preempt_ended_ = false;
+        preempt_draining_ = false;
     }
     // A mapped-ram file has no channels to accept: its readers are threads.
     bool sockets = addr.transport == MigrationAddress::Transport::Socket;
@@ -81,6 +82,8 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     thread_error_.reset();
     loading_done_ = false;
     rp_open_ = false;
+    rp_writes_.reset();
+    postcopy_listening_ = false;
     normal_pages_ = zero_pages_ = bytes_ = 0;
     cancel_requested_ = false;
     runstate_ = "inmigrate";
@@ -279,10 +282,13 @@ void IncomingMigration::abort_with(const Error &err)
     }
     // Wake threads blocked in read(); fds stay open until finish(). A
     // pipe cannot be shut down: its writer, the exec: command, goes. With
-    // a return path the main socket's write side stays open for the SHUT.
+    // a return path the main socket's write side stays open for the SHUT,
+    // unless the load thread is blocked writing it (a source that does not
+    // read): rp_writes_ ends that write and bounds the SHUT's.
     if (main_) {
         if (rp_open_) {
             ::shutdown(main_->fd, SHUT_RD);
+            rp_writes_.abort();
         } else {
             shutdown_fd(main_->fd);
         }

@@ -27,6 +27,7 @@
 #include "daemon/park/parked_vm.h"
 #include "daemon/ram_blocks.h"
 #include "daemon/return_path.h"
+#include "daemon/socket_io.h"
 #include "daemon/io/command_channel.h"
 #include "daemon/io/migration_address.h"
 #include "daemon/io/socket_channels.h"
@@ -149,10 +150,14 @@ private:
     // taken at accept, by its order as QEMU does (it sends nothing until a
     // page goes on it), and read by a thread of its own.
     bool take_preempt(PendingConnection *c);
-    void preempt_thread_main(int fd);
-    // After the main stream (load thread) or at cleanup (loop): wakes and
-    // joins the preempt reader; no preempt channel is taken after it.
-    void end_preempt();
+    // `generation`: the migration's when the channel was taken.
+    void preempt_thread_main(int fd, uint64_t generation);
+    Status preempt_load(int fd);
+    void preempt_failed(const Error &err, uint64_t generation);
+    // After the main stream (load thread, `drain`: the reader reads to the
+    // source's end marker first) or at cleanup (loop): wakes and joins the
+    // preempt reader; no preempt channel is taken after it.
+    void end_preempt(bool drain = false);
     // Postcopy recovery (QEMU's postcopy_pause_incoming()): the load thread
     // waits for the new main channel (migrate-recover's first connection,
     // taken by take_recovered() on the loop), or for the migration's end.
@@ -211,6 +216,11 @@ private:
     // (pongs, then the SHUT); rp_open_ tells abort_with() from any thread.
     std::unique_ptr<ReturnPathOut> rp_;
     std::atomic<bool> rp_open_{false};
+    // Every write rp_ makes; abort_with() ends one a source never reads.
+    PeerWriteGuard rp_writes_;
+    // The package's LISTEN came: from now on a broken channel, the preempt
+    // channel's included, pauses instead of failing.
+    std::atomic<bool> postcopy_listening_{false};
     bool cancel_requested_ = false; // loop thread only
     // Park mode: the load thread fills blocks_ and park_descs_ once, then
     // sets park_ready_; receive threads wait for it before their first
@@ -227,9 +237,13 @@ private:
     // The preempt channel: taken on the loop, read by its thread, ended by
     // the load thread (or cleanup); all three under preempt_mu_.
     std::mutex preempt_mu_;
-    int preempt_fd_ = -1;         // protected by preempt_mu_
-    bool preempt_ended_ = false;  // protected by preempt_mu_
-    std::thread preempt_thread_;  // protected by preempt_mu_
+    std::condition_variable preempt_cv_; // preempt_done_ set
+    int preempt_fd_ = -1;            // protected by preempt_mu_
+    bool preempt_ended_ = false;     // protected by preempt_mu_: shut down here
+    bool preempt_draining_ = false;  // protected by preempt_mu_: the main stream ended
+    bool preempt_done_ = false;      // protected by preempt_mu_: the reader returned
+    bool preempt_used_ = false;      // protected by preempt_mu_: a byte came on it
+    std::thread preempt_thread_;     // protected by preempt_mu_
 
     // Postcopy recovery's hand-over, loop thread to load thread.
     std::mutex recover_mu_;

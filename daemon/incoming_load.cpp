@@ -212,7 +212,7 @@ void IncomingMigration::load_thread_main()
         announce = [this](const std::vector<RamBlockDesc> &d) { return park_announce(d); };
     }
     auto open_rp = [this]() -> Status {
-        auto rp = ReturnPathOut::open(main_->fd, main_->tls.get());
+        auto rp = ReturnPathOut::open(main_->fd, main_->tls.get(), rp_writes_);
         QMIGD_TRY(rp);
         rp_ = std::move(*rp);
         rp_open_ = true; // abort_with() leaves its write side open from now on
@@ -236,6 +236,7 @@ void IncomingMigration::load_thread_main()
         });
     }
     handler.set_on_listen([this] {
+        postcopy_listening_ = true;
         spdlog::info("incoming migration: postcopy: the device state is in, the rest of RAM "
                      "follows");
         dispatcher_.post([this] {
@@ -260,7 +261,7 @@ void IncomingMigration::load_thread_main()
         }
         rin = std::make_unique<FdInputStream>(*fd, std::vector<uint8_t>{}, nullptr);
         rf = std::make_unique<QEMUFileReader>(*rin, 256 * 1024);
-        auto rp = ReturnPathOut::open(*fd, nullptr);
+        auto rp = ReturnPathOut::open(*fd, nullptr, rp_writes_);
         if (!rp) {
             result = rp.error();
             break;
@@ -271,9 +272,10 @@ void IncomingMigration::load_thread_main()
     if (rf) {
         bytes_.fetch_add(rf->pos(), std::memory_order_relaxed);
     }
-    // The preempt channel's pages are in once its reader ends (QEMU shuts
-    // the channel down at the end of the stream too).
-    end_preempt();
+    // The preempt channel's pages are in once its reader ends: at the
+    // source's end marker when the stream ended well (a page may still be
+    // on its way behind the main channel's end), else at once.
+    end_preempt(bool(result));
     if (result) {
         if (Status st = handler.flush(); !st) {
             result = st.error();

@@ -29,9 +29,10 @@ bool IncomingMigration::take_preempt(PendingConnection *c)
     }
     set_link_timeout(*fd, params_.link_timeout_ms);
     preempt_fd_ = *fd;
-    preempt_thread_ = std::thread([this, fd = *fd] {
+    preempt_done_ = preempt_used_ = false;
+    preempt_thread_ = std::thread([this, fd = *fd, generation = generation_] {
         set_thread_name("mig/dst/preempt");
-        preempt_thread_main(fd);
+        preempt_thread_main(fd, generation);
     });
     spdlog::info("incoming migration: postcopy preempt channel connected");
     return true;
@@ -39,38 +40,118 @@ bool IncomingMigration::take_preempt(PendingConnection *c)
 
 // QEMU's postcopy_preempt_thread(): the pages a source sends ahead of
 // the main channel, into the same images (a page goes on one channel
-// only, so the two never write the same one).
-void IncomingMigration::preempt_thread_main(int fd)
+// only, so the two never write the same one) and into the received
+// bitmaps (a recovery tells the source about them too), until the source's
+// end marker (QEMU's postcopy_preempt_shutdown_file()).
+void IncomingMigration::preempt_thread_main(int fd, uint64_t generation)
+{
+    Status st = preempt_load(fd);
+    if (!st) {
+        preempt_failed(st.error(), generation);
+    }
+    {
+        std::lock_guard<std::mutex> lk(preempt_mu_);
+        preempt_done_ = true;
+    }
+    preempt_cv_.notify_all(); // Pairs with the wait in end_preempt()
+}
+
+Status IncomingMigration::preempt_load(int fd)
 {
     const std::vector<RamBlockDesc> *descs = packet_blocks();
     if (!descs) {
-        return;
+        return {}; // aborted before the blocks were known
     }
     LoadvmConfig cfg;
     cfg.blocks = *descs;
     FdInputStream in(fd, {}, nullptr);
     QEMUFileReader f(in, 64 * 1024);
+    if (f.peek_byte() >= 0) {
+        std::lock_guard<std::mutex> lk(preempt_mu_);
+        preempt_used_ = true; // the source sends on it: end_preempt() drains it
+    }
     std::unique_ptr<ReturnPathOut> no_rp;
     ImageLoadHandler handler(
         blocks_, nullptr, nullptr, {},
         [] { return Status(Error("OPEN_RETURN_PATH on the preempt channel")); }, no_rp);
+    if (params_.postcopy_ram) {
+        handler.set_postcopy(&received_, {});
+    }
     auto r = qemu_load_preempt_channel(f, cfg, handler);
-    Status st = r ? handler.flush() : r.status();
+    Status st = handler.flush(); // whole pages read before an error count too
     bytes_.fetch_add(f.pos(), std::memory_order_relaxed);
     if (r) {
         normal_pages_.fetch_add(r->normal_pages);
         zero_pages_.fetch_add(r->zero_pages);
+        spdlog::info("incoming migration: postcopy preempt channel: the source's end marker");
     }
-    if (!st) {
-        abort_with(Error(st.error()).prepend("postcopy preempt channel: "));
-    }
+    return r ? st : r.status();
 }
 
-void IncomingMigration::end_preempt()
+// An error on the preempt channel. QEMU's preempt thread pauses on any;
+// here the whole load pauses (its main channel shut down, as by
+// migrate-pause), so that both sides recover together over new channels,
+// whoever broke it (a cut link, or a stranger that took the preempt slot
+// while a recovery waited for the source's). A channel this side ended is
+// expected to break; before the package's LISTEN there is nothing to
+// pause, and once the main stream ended (end_preempt()'s drain) a page
+// may be lost: those fail the load.
+void IncomingMigration::preempt_failed(const Error &err, uint64_t generation)
+{
+    Error why = Error(err).prepend("postcopy preempt channel: ");
+    bool ended, fail;
+    {
+        std::lock_guard<std::mutex> lk(preempt_mu_);
+        ended = preempt_ended_;
+        fail = !postcopy_listening_ || preempt_draining_;
+    }
+    if (ended) {
+        spdlog::debug("incoming migration: {} (ended here)", why.message());
+        return;
+    }
+    if (fail) {
+        abort_with(why); // takes preempt_mu_
+        return;
+    }
+    spdlog::error("incoming migration: {}: pausing the postcopy", why.message());
+    dispatcher_.post([this, generation] {
+        if (generation == generation_ && (status_ == MigrationStatus::PostcopyActive ||
+                                          status_ == MigrationStatus::PostcopyRecover)) {
+            pause();
+        }
+    });
+}
+
+// `drain` (the load thread, once the main stream ended well): a channel
+// the source sends on is read to its end marker first (an EOS record:
+// QEMU's postcopy_preempt_shutdown_file(), which a qmigd source sends and
+// a QEMU 10 source only with x-preempt-pre-7-2), so that no page still on
+// a slow link is lost; a source that sends none is waited for up to the
+// link timeout. A channel that carried nothing is shut at once, as QEMU 10
+// does: a QEMU 10 or qmigd source sends only the pages a destination asks
+// for on it, and a qmigd destination asks for none. abort_with() ends the
+// wait at any time (it shuts the channel down).
+void IncomingMigration::end_preempt(bool drain)
 {
     std::thread t;
     {
-        std::lock_guard<std::mutex> lk(preempt_mu_);
+        std::unique_lock<std::mutex> lk(preempt_mu_);
+        if (drain && preempt_thread_.joinable() &&
+            (preempt_used_ || bytes_queued(preempt_fd_) > 0)) {
+            preempt_draining_ = true;
+            auto done = [this] { return preempt_done_; };
+            if (params_.link_timeout_ms) {
+                preempt_cv_.wait_for(lk, std::chrono::milliseconds(params_.link_timeout_ms),
+                                     done);
+            } else {
+                preempt_cv_.wait(lk, done);
+            }
+            if (!preempt_done_) {
+                spdlog::warn("incoming migration: no end marker on the postcopy preempt "
+                             "channel within {} ms: shut down",
+                             params_.link_timeout_ms);
+            }
+        }
         preempt_ended_ = true;
         if (preempt_fd_ >= 0) {
             shutdown_fd(preempt_fd_);
@@ -98,6 +179,7 @@ Result<int> IncomingMigration::postcopy_pause_incoming(const Error &why)
     {
         std::lock_guard<std::mutex> lk(preempt_mu_);
         preempt_ended_ = false; // the resumed source connects it again
+        preempt_draining_ = false;
     }
     dispatcher_.post([this] {
         if (status_ == MigrationStatus::PostcopyActive ||

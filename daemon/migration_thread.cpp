@@ -66,6 +66,7 @@ MigrationThread::~MigrationThread()
     }
     if (preempt_fd_ >= 0) {
         // Only now, after the destination's SHUT: it ends its reader itself.
+        owner_.remove_channel(preempt_fd_);
         ::close(preempt_fd_);
     }
 }

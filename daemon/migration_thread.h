@@ -43,6 +43,12 @@ public:
     virtual void post_pass(uint64_t n) = 0;
     // Un-pauses the guest unless the user paused the VM.
     virtual void resume_guest_if_running() = 0;
+    // A channel the thread opens itself (postcopy's preempt channel):
+    // cancel, migrate-pause and quit shut it down with the others, so that
+    // no write to a peer that stopped reading holds the thread; removed
+    // before it is closed.
+    virtual void add_channel(int fd) = 0;
+    virtual void remove_channel(int fd) = 0;
 
 protected:
     ~MigrationOwner() = default;

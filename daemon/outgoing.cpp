@@ -70,6 +70,18 @@ void OutgoingMigration::resume_guest_if_running()
     }
 }
 
+void OutgoingMigration::add_channel(int fd)
+{
+    std::lock_guard<std::mutex> lk(fds_mu_);
+    fds_.push_back(fd);
+}
+
+void OutgoingMigration::remove_channel(int fd)
+{
+    std::lock_guard<std::mutex> lk(fds_mu_);
+    std::erase(fds_, fd);
+}
+
 Status OutgoingMigration::start(const MigrationAddress &addr, const OutgoingParams &params)
 {
     if (thread_.joinable()) {

@@ -82,6 +82,8 @@ private:
     void post_pass(uint64_t n) override;
     // Any thread: un-pauses the guest unless the user paused the VM.
     void resume_guest_if_running() override;
+    void add_channel(int fd) override;
+    void remove_channel(int fd) override;
     void finish(std::optional<Error> err);
 
     uv_loop_t *loop_;
@@ -106,7 +108,7 @@ private:
     uint64_t total_bytes_ = 0;
 
     std::mutex fds_mu_;
-    std::vector<int> fds_; // protected by fds_mu_: shut down on cancel
+    std::vector<int> fds_; // protected by fds_mu_: shut down on cancel, pause and quit
 };
 
 } // namespace qmigd

@@ -1,8 +1,7 @@
 #include "daemon/postcopy_recovery.h"
 
-#include <chrono>
-
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "daemon/return_path.h"
 #include "protocol/postcopy.h"
@@ -20,6 +19,7 @@ void PostcopyRecovery::begin()
     std::lock_guard<std::mutex> lk(mu_);
     active_ = true;
     acked_ = false;
+    rp_ended_ = false;
     got_count_ = 0;
     got_.assign(blocks_.size(), false);
 }
@@ -75,15 +75,24 @@ Status PostcopyRecovery::recv_bitmap(const std::string &idstr, const Read &read)
     return {};
 }
 
-Status PostcopyRecovery::resume_ack(uint32_t value)
+Status PostcopyRecovery::check_resume_ack(uint32_t value)
 {
     if (value != MIGRATION_RESUME_ACK_VALUE) {
         return Error(fmt::format("illegal resume_ack value {}", value));
     }
+    return {};
+}
+
+Status PostcopyRecovery::resume_ack(uint32_t value)
+{
+    QMIGD_TRY(check_resume_ack(value));
     {
         std::lock_guard<std::mutex> lk(mu_);
         if (!active_) {
-            return Error("RESUME_ACK outside a postcopy recovery");
+            // migrate_handle_rp_resume_ack(): the state moves only from
+            // postcopy-recover; any other time the ack is dropped.
+            spdlog::info("return path: RESUME_ACK outside a postcopy recovery, ignored");
+            return {};
         }
         acked_ = true;
         active_ = false;
@@ -92,30 +101,42 @@ Status PostcopyRecovery::resume_ack(uint32_t value)
     return {};
 }
 
-Status PostcopyRecovery::wait(ReturnPathIn &rp, const std::function<bool()> &done)
+void PostcopyRecovery::return_path_ended()
 {
-    std::unique_lock<std::mutex> lk(mu_);
-    while (!done()) {
-        cv_.wait_for(lk, std::chrono::milliseconds(50));
-        if (!done()) {
-            lk.unlock();
-            if (auto err = rp.failed()) {
-                return *err;
-            }
-            lk.lock();
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        rp_ended_ = true;
+    }
+    cv_.notify_all();
+}
+
+// Pairs with the notify in recv_bitmap(), resume_ack() and
+// return_path_ended(): a reader that ends cleanly (the destination's
+// SHUT(0)) ends the wait as surely as one that fails.
+Status PostcopyRecovery::wait(ReturnPathIn &rp, const std::function<bool()> &done,
+                              const char *what)
+{
+    {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return done() || rp_ended_; });
+        if (done()) {
+            return {};
         }
     }
-    return {};
+    if (auto err = rp.failed()) {
+        return *err;
+    }
+    return Error(fmt::format("the return path ended before the destination sent {}", what));
 }
 
 Status PostcopyRecovery::wait_bitmaps(ReturnPathIn &rp)
 {
-    return wait(rp, [this] { return got_count_ == blocks_.size(); });
+    return wait(rp, [this] { return got_count_ == blocks_.size(); }, "its received bitmaps");
 }
 
 Status PostcopyRecovery::wait_ack(ReturnPathIn &rp)
 {
-    return wait(rp, [this] { return acked_; });
+    return wait(rp, [this] { return acked_; }, "RESUME_ACK");
 }
 
 } // namespace qmigd

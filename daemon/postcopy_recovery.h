@@ -20,9 +20,10 @@ namespace qmigd {
 
 class ReturnPathIn;
 
-// Thread ownership: recv_bitmap() and resume_ack() run on the return
-// path's reader, begin() and the waits on the migration thread; the
-// bitmaps and flags are protected by mu_.
+// Thread ownership: recv_bitmap(), resume_ack() and return_path_ended()
+// run on the return path's reader, begin() and the waits on the migration
+// thread (begin() before that reader starts); the bitmaps and flags are
+// protected by mu_.
 class PostcopyRecovery {
 public:
     explicit PostcopyRecovery(std::vector<RamBlockDesc> blocks);
@@ -33,16 +34,22 @@ public:
     // bytes more off the return path (the bitmap follows the message).
     using Read = std::function<Status(uint8_t *, size_t)>;
     Status recv_bitmap(const std::string &idstr, const Read &read);
-    // Reader: RESUME_ACK.
+    // Reader: RESUME_ACK. Outside a recovery (a duplicate, or one in
+    // precopy) it changes nothing and is not an error, as in QEMU 10.
     Status resume_ack(uint32_t value);
-    // Migration thread: until every bitmap came, or the return path ended.
+    // Its value, the one thing QEMU 10 checks in any state.
+    static Status check_resume_ack(uint32_t value);
+    // Reader: it ends, however it ends; the waits below end with it.
+    void return_path_ended();
+    // Migration thread: until every bitmap came, or the return path ended
+    // (its error, or an error saying what never came).
     Status wait_bitmaps(ReturnPathIn &rp);
     Status wait_ack(ReturnPathIn &rp);
     // After wait_bitmaps(): which pages of block i the destination has.
     const std::vector<uint64_t> &received(size_t block) const { return received_[block]; }
 
 private:
-    Status wait(ReturnPathIn &rp, const std::function<bool()> &done);
+    Status wait(ReturnPathIn &rp, const std::function<bool()> &done, const char *what);
 
     const std::vector<RamBlockDesc> blocks_;
     std::mutex mu_;
@@ -52,6 +59,7 @@ private:
     std::vector<bool> got_;                       // protected by mu_
     size_t got_count_ = 0;                        // protected by mu_
     bool acked_ = false;                          // protected by mu_
+    bool rp_ended_ = false;                       // protected by mu_; begin() clears it
 };
 
 } // namespace qmigd

@@ -52,6 +52,7 @@ Status MigrationThread::preempt_connect()
         return Error(fd.error()).prepend("postcopy_start: Failed to establish preempt channel: ");
     }
     preempt_fd_ = *fd;
+    owner_.add_channel(preempt_fd_); // cancel, migrate-pause and quit shut it too
     set_link_timeout(preempt_fd_, p_.link_timeout_ms);
     preempt_out_ = std::make_unique<QEMUFileWriter>(preempt_fd_);
     if (p_.tls.enabled()) {
@@ -177,6 +178,13 @@ Status MigrationThread::postcopy_complete()
     shared_.stats.postcopy_bytes += 8;
     savevm_put_footer(w, ram_section_id());
     put_iterable_sections(w, false);
+    if (preempt_out_) {
+        // postcopy_preempt_shutdown_file(): the preempt channel's end
+        // marker, behind its last page; a destination reads up to it
+        // before it closes the channel, so no page on its way is lost.
+        ram_put_flag(preempt_out_->w(), RAM_SAVE_FLAG_EOS);
+        QMIGD_TRY(preempt_out_->flush());
+    }
     w.u8(QEMU_VM_EOF);
     QMIGD_TRY(out_.flush());
     spdlog::info("migration: postcopy sent every page ({} requested by the destination)",
@@ -216,6 +224,7 @@ void MigrationThread::drop_channels()
     shutdown_fd(main_fd_);
     rp_.reset(); // joins the reader
     if (preempt_fd_ >= 0) {
+        owner_.remove_channel(preempt_fd_);
         ::close(preempt_fd_);
         preempt_fd_ = -1;
     }

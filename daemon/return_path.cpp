@@ -24,17 +24,26 @@ Status return_path_check(int fd)
     return {};
 }
 
-Result<std::unique_ptr<ReturnPathOut>> ReturnPathOut::open(int fd, TlsSession *tls)
+Result<std::unique_ptr<ReturnPathOut>> ReturnPathOut::open(int fd, TlsSession *tls,
+                                                           PeerWriteGuard &guard)
 {
     QMIGD_TRY(return_path_check(fd));
-    return std::unique_ptr<ReturnPathOut>(new ReturnPathOut(fd, tls));
+    return std::unique_ptr<ReturnPathOut>(new ReturnPathOut(fd, tls, guard));
+}
+
+Status ReturnPathOut::send(const std::vector<uint8_t> &msg)
+{
+    QMIGD_TRY(guard_.begin(fd_, msg.size()));
+    Status st = channel_write(fd_, tls_, msg.data(), msg.size());
+    guard_.end();
+    return st;
 }
 
 Status ReturnPathOut::pong(uint32_t value)
 {
     std::vector<uint8_t> msg;
     rp_put_pong(msg, value);
-    return channel_write(fd_, tls_, msg.data(), msg.size());
+    return send(msg);
 }
 
 Status ReturnPathOut::recv_bitmap(const std::string &idstr, const std::vector<uint64_t> &bits,
@@ -43,28 +52,28 @@ Status ReturnPathOut::recv_bitmap(const std::string &idstr, const std::vector<ui
     std::vector<uint8_t> msg;
     rp_put_recv_bitmap(msg, idstr);
     rp_put_recv_bitmap_data(msg, bits, pages);
-    return channel_write(fd_, tls_, msg.data(), msg.size());
+    return send(msg);
 }
 
 Status ReturnPathOut::resume_ack()
 {
     std::vector<uint8_t> msg;
     rp_put_resume_ack(msg, MIGRATION_RESUME_ACK_VALUE);
-    return channel_write(fd_, tls_, msg.data(), msg.size());
+    return send(msg);
 }
 
 Status ReturnPathOut::switchover_ack()
 {
     std::vector<uint8_t> msg;
     rp_put_switchover_ack(msg);
-    return channel_write(fd_, tls_, msg.data(), msg.size());
+    return send(msg);
 }
 
 void ReturnPathOut::shut(bool failed)
 {
     std::vector<uint8_t> msg;
     rp_put_shut(msg, failed ? 1 : 0);
-    if (Status st = channel_write(fd_, tls_, msg.data(), msg.size()); !st) {
+    if (Status st = send(msg); !st) {
         spdlog::info("return path: SHUT not delivered: {}", st.error().message());
     }
 }
@@ -178,10 +187,10 @@ Status ReturnPathIn::read_message(bool *shut)
         return recovery_->recv_bitmap(
             m->idstr, [this](uint8_t *p, size_t n) { return read(p, n); });
     case MIG_RP_MSG_RESUME_ACK:
-        if (!recovery_) {
-            break;
-        }
-        return recovery_->resume_ack(m->value);
+        // QEMU 10 takes it in any migration with a return path and drops it
+        // outside a recovery: so does a source without postcopy.
+        return recovery_ ? recovery_->resume_ack(m->value)
+                         : PostcopyRecovery::check_resume_ack(m->value);
     case MIG_RP_MSG_SWITCHOVER_ACK:
         // Taken whether or not switchover-ack is on, as QEMU does.
         spdlog::info("return path: the destination acknowledges the switchover");
@@ -222,6 +231,9 @@ void ReturnPathIn::run()
         ended_ = true;
     }
     ended_cv_.notify_all();
+    if (recovery_) {
+        recovery_->return_path_ended();
+    }
 }
 
 } // namespace qmigd

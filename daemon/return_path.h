@@ -23,6 +23,7 @@
 namespace qmigd {
 
 class PageRequests;
+class PeerWriteGuard;
 class PostcopyRecovery;
 class TlsSession;
 
@@ -30,11 +31,14 @@ class TlsSession;
 // or a pipe has none. QEMU's qemu_file_get_return_path() needs a socket too.
 Status return_path_check(int fd);
 
-// Destination: what goes back. Used by the load thread only.
+// Destination: what goes back. Used by the load thread only; every write
+// goes through `guard`, which the migration's abort ends (a source that
+// never reads its return path must not hold the load thread in send()).
 class ReturnPathOut {
 public:
     // `fd` must be a socket (the return path is its other direction).
-    static Result<std::unique_ptr<ReturnPathOut>> open(int fd, TlsSession *tls);
+    static Result<std::unique_ptr<ReturnPathOut>> open(int fd, TlsSession *tls,
+                                                       PeerWriteGuard &guard);
     Status pong(uint32_t value);
     // Postcopy recovery: a block's received bitmap, and RESUME_ACK.
     Status recv_bitmap(const std::string &idstr, const std::vector<uint64_t> &bits,
@@ -46,9 +50,15 @@ public:
     void shut(bool failed);
 
 private:
-    ReturnPathOut(int fd, TlsSession *tls) : fd_(fd), tls_(tls) {}
+    ReturnPathOut(int fd, TlsSession *tls, PeerWriteGuard &guard)
+        : fd_(fd), tls_(tls), guard_(guard)
+    {
+    }
+    Status send(const std::vector<uint8_t> &msg);
+
     int fd_;
     TlsSession *tls_;
+    PeerWriteGuard &guard_;
 };
 
 // Source: a thread that reads the destination's messages until SHUT.
@@ -72,7 +82,9 @@ public:
     // The same, waiting up to `limit` for the reader to end.
     std::optional<Error> failed_within(std::chrono::milliseconds limit);
     // Waits for the reader to end (the destination's SHUT, or the socket
-    // shut down); its error if there was one.
+    // shut down); its error if there was one. Every wait on the return
+    // path ends when the reader ends, however it ends (QEMU's
+    // migration_rp_kick() at the end of its return-path thread).
     Status wait();
     // The reader ended on what the destination sent (a bad message, a page
     // request out of bounds, a failure's SHUT), not on a broken link: a

@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -350,6 +351,57 @@ Result<int> connect_to_peer_of(int fd, unsigned timeout_ms)
     auto blocking = take_blocking_fd(s);
     ::close(s);
     return blocking;
+}
+
+size_t bytes_queued(int fd)
+{
+    int n = 0;
+    return fd >= 0 && ioctl(fd, FIONREAD, &n) == 0 && n > 0 ? size_t(n) : 0;
+}
+
+Status PeerWriteGuard::begin(int fd, size_t n)
+{
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!aborted_) {
+            fd_ = fd; // Pairs with abort(): from here on it shuts us out
+            return {};
+        }
+    }
+    if (n > kAbortedWriteMax) {
+        return Error("the migration is ending: nothing more goes to the peer");
+    }
+    pollfd p{fd, POLLOUT, 0};
+    int rc;
+    do {
+        rc = poll(&p, 1, kAbortedWriteWaitMs);
+    } while (rc < 0 && errno == EINTR);
+    if (rc <= 0 || !(p.revents & POLLOUT) || (p.revents & (POLLERR | POLLHUP))) {
+        return Error("the peer does not read what is sent to it: write abandoned");
+    }
+    return {}; // room for n bytes: the write cannot block
+}
+
+void PeerWriteGuard::end()
+{
+    std::lock_guard<std::mutex> lk(mu_);
+    fd_ = -1;
+}
+
+void PeerWriteGuard::abort()
+{
+    std::lock_guard<std::mutex> lk(mu_);
+    aborted_ = true;
+    if (fd_ >= 0) {
+        ::shutdown(fd_, SHUT_WR);
+    }
+}
+
+void PeerWriteGuard::reset()
+{
+    std::lock_guard<std::mutex> lk(mu_);
+    fd_ = -1;
+    aborted_ = false;
 }
 
 } // namespace qmigd

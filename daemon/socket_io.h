@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -102,6 +103,40 @@ inline void iov_append(struct iovec *iov, int *n, const void *p, size_t len)
         iov[(*n)++] = {const_cast<void *>(p), len};
     }
 }
+// A blocking write to a peer that cancel and quit can always end: a peer
+// that stops reading would otherwise hold the writer in send() for ever,
+// and whoever joins the writer with it. The writer brackets each write
+// with begin()/end(); abort(), from any thread, shuts the write side of
+// the socket being written at that moment. After abort() only a small
+// write goes, and only once the socket has room for it within
+// kAbortedWriteWaitMs: a verdict (the return path's SHUT) still reaches a
+// peer that reads, and never waits on one that does not.
+//
+// Thread ownership: fd_ and aborted_ are protected by mu_; the writer is
+// one thread at a time.
+class PeerWriteGuard {
+public:
+    static constexpr int kAbortedWriteWaitMs = 500;
+    static constexpr size_t kAbortedWriteMax = 4096;
+
+    // Writer: before writing n bytes on fd; an error instead of a write
+    // that could block once aborted.
+    Status begin(int fd, size_t n);
+    // Writer: the write returned.
+    void end();
+    // Any thread: ends the write in progress and bounds the later ones.
+    void abort();
+    // Before a new migration's writer starts.
+    void reset();
+
+private:
+    std::mutex mu_;
+    int fd_ = -1;         // being written; protected by mu_
+    bool aborted_ = false; // protected by mu_
+};
+
+// Bytes that came on a socket and are not read yet (0 on an error).
+size_t bytes_queued(int fd);
 // Wakes a thread blocked on fd (shutdown both directions); idempotent.
 void shutdown_fd(int fd);
 // Makes a dup of a libuv-owned socket that blocks, with TCP_NODELAY.

@@ -48,7 +48,7 @@ public:
     Result<LoadvmResult> run();
     // After a postcopy pause: the stream goes on on `f` (no header).
     Result<LoadvmResult> resume(QEMUFileReader &f);
-    // RAM records until the end of the stream (postcopy's preempt channel).
+    // RAM records up to the first EOS (postcopy's preempt channel).
     Result<LoadvmResult> run_ram_records();
     bool in_postcopy() const { return postcopy_ == PostcopyState::Running; }
 

@@ -369,9 +369,12 @@ Status Loader::load_main()
     }
 }
 
+// QEMU's postcopy_preempt_thread() is done at the first EOS (the
+// source's postcopy_preempt_shutdown_file()): one ram_load() to it. A
+// channel that ends before its first record ends cleanly too.
 Result<LoadvmResult> Loader::run_ram_records()
 {
-    while (f_->peek_byte() >= 0) {
+    if (f_->peek_byte() >= 0) {
         QMIGD_TRY(ram_load(QEMU_VM_SECTION_PART));
     }
     QMIGD_TRY(stream_status());

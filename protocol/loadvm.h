@@ -155,8 +155,10 @@ private:
 };
 
 // Postcopy's preempt channel (QEMU's postcopy_preempt_thread()): ZERO and
-// PAGE records of cfg.blocks with no section framing, until the channel
-// ends; an EOS record is allowed between them. Returns the pages loaded.
+// PAGE records of cfg.blocks with no section framing, up to the EOS that
+// ends it (the source sends it as the migration completes); a channel
+// closed before its first record is empty, one closed later without the
+// EOS broke. Returns the pages loaded.
 Result<LoadvmResult> qemu_load_preempt_channel(QEMUFileReader &f, const LoadvmConfig &cfg,
                                                LoadvmHandler &handler);
 

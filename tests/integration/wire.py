@@ -88,3 +88,29 @@ def good_plain_stream(size, fill=b"\x5a"):
     s += part() + page(0, fill * PAGE) + be64(PAGE | ZERO | CONTINUE) + b"\0" + flag(EOS) + footer()
     s += end() + flag(EOS) + footer() + b"\x00"
     return s
+
+
+# Commands (QEMU_VM_COMMAND) and the return path's messages.
+CMD_OPEN_RETURN_PATH, CMD_PING, CMD_POSTCOPY_ADVISE = 1, 2, 3
+CMD_POSTCOPY_LISTEN, CMD_POSTCOPY_RUN, CMD_PACKAGED, CMD_RECV_BITMAP = 4, 5, 7, 10
+RP_SHUT, RP_PONG, RP_RECV_BITMAP, RP_RESUME_ACK = 1, 2, 5, 6
+
+
+def command(cmd, payload=b""):
+    return b"\x08" + struct.pack(">HH", cmd, len(payload)) + payload
+
+
+def rp_message(type_, payload):
+    return struct.pack(">HH", type_, len(payload)) + payload
+
+
+def postcopy_start(size, block="mem"):
+    """A stream up to a postcopy destination running the guest: the return
+    path opened, ADVISE (4 KiB pages), the RAM setup section, and the
+    package with LISTEN and RUN. Pages may follow in PART sections or on
+    the preempt channel."""
+    s = header() + config() + command(CMD_OPEN_RETURN_PATH)
+    s += command(CMD_POSTCOPY_ADVISE, be64(PAGE) + be64(PAGE))
+    s += start() + mem_size([(block, size)]) + flag(EOS) + footer()
+    package = command(CMD_POSTCOPY_LISTEN) + command(CMD_POSTCOPY_RUN)
+    return s + command(CMD_PACKAGED, be32(len(package))) + package

@@ -1,0 +1,501 @@
+#!/usr/bin/env python3
+"""Hostile peers of postcopy and the return path (issue 32): every wait on
+the return path ends when its reader ends, however it ends; no write to a
+peer that stops reading holds cancel or quit; an error on the preempt
+channel during postcopy pauses (a link cut half-way through a page, a
+stranger in the preempt slot during a recovery) instead of failing; a
+RESUME_ACK outside a recovery is dropped, as a QEMU 10 source drops it;
+pages that came on the preempt channel are in the received bitmap a
+recovery sends; and a destination reads a preempt channel its source sends
+on to the end marker, so a page still on a slow link (a delaying proxy) is
+not lost.
+Fake peers speak the wire format by hand (wire.py). A hang is a timeout
+here, and `quit` must end a daemon within seconds whatever its peer does."""
+import array
+import contextlib
+import fcntl
+import os
+import socket
+import struct
+import subprocess
+import termios
+import threading
+import time
+
+import wire
+from itest import test, main, check
+from fixtures import MiB
+from runner import Peer, make_image, remove, unique_name, wait_status, start_incoming, free_port
+
+SIZE = 4 * MiB
+PC = [{"capability": "postcopy-ram", "state": True}]
+PREEMPT = [{"capability": "postcopy-preempt", "state": True}]
+RP = [{"capability": "return-path", "state": True}]
+QUIT_SECS = 5
+
+
+@contextlib.contextmanager
+def daemon(role, tag, content="sparse", extra=None, kind="qmigd"):
+    path = f"/dev/shm/{unique_name(tag)}.ram"
+    make_image(path, SIZE, content)
+    p = Peer(kind, role, [("mem", path, SIZE)], tag, extra=extra)
+    try:
+        p.image = path
+        yield p
+    finally:
+        p.stop()
+        remove(path)
+
+
+def quits_in_time(peer):
+    """`quit` ends the daemon within QUIT_SECS (it is killed otherwise)."""
+    try:
+        peer.qmp.execute("quit")
+    except Exception:
+        pass
+    try:
+        peer.proc.wait(timeout=QUIT_SECS)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def wait_log(peer, text, timeout=10, count=1):
+    deadline = time.monotonic() + timeout
+    while peer.log_text().count(text) < count:
+        check(time.monotonic() < deadline, f"{peer.role}: no '{text}' in the log")
+        time.sleep(0.02)
+
+
+def page_of(path, index):
+    with open(path, "rb") as f:
+        f.seek(index * wire.PAGE)
+        return f.read(wire.PAGE)
+
+
+class Listener:
+    """Accepts one connection and hands it to serve(conn) on a thread."""
+
+    def __init__(self, serve):
+        self.srv = socket.create_server(("127.0.0.1", 0))
+        self.srv.settimeout(30)
+        self.port = self.srv.getsockname()[1]
+        self.serve = serve
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        try:
+            c, _ = self.srv.accept()
+        except OSError:
+            return
+        try:
+            self.serve(c)
+        except OSError:
+            pass
+        finally:
+            c.close()
+
+    def close(self):
+        self.srv.close()
+        self.thread.join(timeout=30)
+
+
+def read_until(c, marker, timeout=10):
+    c.settimeout(timeout)
+    seen = b""
+    while marker not in seen:
+        chunk = c.recv(1 << 16)
+        if not chunk:
+            raise EOFError(f"closed before {marker!r}")
+        seen += chunk
+
+
+def drain(c, until=None):
+    """Reads until EOF, or until the event `until` is set."""
+    c.settimeout(0.1)
+    while not (until and until.is_set()):
+        try:
+            if not c.recv(1 << 16):
+                return
+        except socket.timeout:
+            pass
+
+
+# --- 1. a resume whose destination ends the return path cleanly ----------
+
+@test
+def test_resume_ends_when_the_return_path_ends():
+    """A destination that answers the resume's RECV_BITMAP with SHUT(0)
+    ends the source's reader cleanly: the resume fails and the source is
+    postcopy-paused again (not postcopy-recover for ever), and quits."""
+    with daemon("source", "hp-src", content="random") as s:
+        s.qmp.cmd("migrate-set-capabilities", capabilities=PC)
+        s.qmp.cmd("migrate-set-parameters", {"max-bandwidth": 1 * MiB,
+                                             "max-postcopy-bandwidth": 1 * MiB})
+        cut = threading.Event()
+        first = Listener(lambda c: (drain(c, cut), c.shutdown(socket.SHUT_RDWR)))
+
+        def shut_at_resume(c):
+            read_until(c, b"\x08" + struct.pack(">H", wire.CMD_RECV_BITMAP))
+            c.sendall(wire.rp_message(wire.RP_SHUT, wire.be32(0)))
+            drain(c)
+        second = Listener(shut_at_resume)
+        try:
+            s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{first.port}")
+            s.qmp.cmd("migrate-start-postcopy")
+            wait_status(s, ("postcopy-active",), timeout=15)
+            cut.set()
+            wait_status(s, ("postcopy-paused",), timeout=15, fail_on=("failed", "completed"))
+            s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{second.port}", resume=True)
+            si = wait_status(s, ("postcopy-paused",), timeout=10,
+                             fail_on=("failed", "completed", "postcopy-active"))
+            check("return path ended before" in si.get("error-desc", ""), si)
+            check(quits_in_time(s), "quit hung after the resume")
+            print(f"  paused again: {si['error-desc']!r}")
+        finally:
+            first.close()
+            second.close()
+
+
+# --- 2. a source that never reads its return path --------------------------
+
+def flood_pings(connect):
+    """A source that opens the return path and PINGs without reading a
+    PONG; returns its socket once the destination stopped reading (it is
+    blocked writing PONGs)."""
+    c = connect()
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    c.sendall(wire.header() + wire.config() + wire.command(wire.CMD_OPEN_RETURN_PATH))
+    chunk = wire.command(wire.CMD_PING, wire.be32(1)) * 4096
+    c.settimeout(1.0)
+    for _ in range(2000):  # 72 MB at most
+        try:
+            c.sendall(chunk)
+        except socket.timeout:
+            return c
+    c.close()
+    raise AssertionError("the destination read every PING: it never blocked on the PONGs")
+
+
+def unix_connector(path):
+    def connect():
+        c = socket.socket(socket.AF_UNIX)
+        c.connect(path)
+        return c
+    return connect
+
+
+@test
+def test_cancel_while_the_source_never_reads():
+    """unix: (no dead-link timeout there): the load thread blocked writing
+    PONGs does not keep migrate_cancel from ending the migration
+    (`cancelled` within seconds), and the daemon then quits at once."""
+    path = f"/tmp/{unique_name('hp-rp')}.sock"
+    with daemon("dest", "hp-dst") as d:
+        d.qmp.cmd("migrate-incoming", uri=f"unix:{path}")
+        c = flood_pings(unix_connector(path))
+        try:
+            check(d.status()["status"] == "active", d.status())
+            d.qmp.cmd("migrate_cancel")
+            wait_status(d, ("cancelled",), timeout=5, fail_on=("failed",))
+            check(quits_in_time(d), "quit hung after the cancel")
+        finally:
+            c.close()
+            remove(path)
+
+
+@test
+def test_quit_while_the_source_never_reads():
+    """tcp: with --link-timeout 0: `quit` ends the daemon while its load
+    thread is blocked writing PONGs to a source that never reads."""
+    with daemon("dest", "hp-dst", extra=["--link-timeout", "0"]) as d:
+        port = start_incoming(d)
+        c = flood_pings(lambda: socket.create_connection(("127.0.0.1", port)))
+        try:
+            check(d.status()["status"] == "active", d.status())
+            check(quits_in_time(d), "quit hung while the return path was blocked")
+        finally:
+            c.close()
+
+
+class PreemptNeverRead:
+    """A postcopy destination that drains the main channel, asks for every
+    page once the package is in, and never reads the preempt channel."""
+
+    def __init__(self, pages):
+        self.srv = socket.socket()
+        self.srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(4)
+        self.srv.settimeout(30)
+        self.port, self.pages, self.conns = self.srv.getsockname()[1], pages, []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        try:
+            m, _ = self.srv.accept()
+            self.conns.append(m)
+            read_until(m, wire.command(wire.CMD_PACKAGED, wire.be32(0))[:5])
+            self.conns.append(self.srv.accept()[0])  # the preempt channel, never read
+            asks = struct.pack(">HHQIB", 3, 16, 0, wire.PAGE, 3) + b"mem"
+            asks += b"".join(struct.pack(">HHQI", 4, 12, i * wire.PAGE, wire.PAGE)
+                             for i in range(1, self.pages))
+            m.sendall(asks)
+            drain(m, self.stop)
+        except OSError:
+            pass
+
+    def queued(self):
+        buf = array.array("i", [0])
+        fcntl.ioctl(self.conns[1], termios.FIONREAD, buf)
+        return buf[0]
+
+    def wait_stalled(self, timeout=15):
+        """Until pages are queued on the preempt channel and stop coming."""
+        deadline, last = time.monotonic() + timeout, -1
+        while True:
+            check(time.monotonic() < deadline, "the preempt channel never filled")
+            now = self.queued() if len(self.conns) > 1 else 0
+            if now and now == last:
+                return
+            last = now
+            time.sleep(0.2)
+
+    def close(self):
+        self.stop.set()
+        self.srv.close()
+        self.thread.join(timeout=30)
+        for c in self.conns:
+            c.close()
+
+
+@test
+def test_source_blocked_on_the_preempt_channel_pauses_and_quits():
+    """A qmigd source whose destination asks for every page and never
+    reads the preempt channel: migrate-pause pauses it (the preempt
+    channel is shut down with the main one), and quit ends it."""
+    size = 32 * MiB
+    path = f"/dev/shm/{unique_name('hp-src')}.ram"
+    make_image(path, size, "random")
+    s = Peer("qmigd", "source", [("mem", path, size)], "hp-src")
+    fake = PreemptNeverRead(size // wire.PAGE)
+    try:
+        s.qmp.cmd("migrate-set-capabilities", capabilities=PC + PREEMPT)
+        s.qmp.cmd("migrate-set-parameters", {"max-bandwidth": 1 * MiB,
+                                             "max-postcopy-bandwidth": 1 * MiB})
+        s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{fake.port}")
+        s.qmp.cmd("migrate-start-postcopy")
+        wait_status(s, ("postcopy-active",), timeout=15)
+        # Requested pages go at once, whatever the bandwidth: the writer
+        # blocks once the preempt channel's buffers are full.
+        fake.wait_stalled()
+        s.qmp.cmd("migrate-pause")
+        wait_status(s, ("postcopy-paused",), timeout=5, fail_on=("failed", "completed"))
+        check(quits_in_time(s), "quit hung")
+    finally:
+        fake.close()
+        s.stop()
+        remove(path)
+
+
+# --- 4. the preempt channel during postcopy --------------------------------
+
+def postcopy_dest(d, preempt=True):
+    """A fake source's postcopy into `d` up to the guest running there;
+    returns (port, main channel)."""
+    d.qmp.cmd("migrate-set-capabilities", capabilities=PC + (PREEMPT if preempt else []))
+    port = start_incoming(d)
+    m = socket.create_connection(("127.0.0.1", port))
+    m.sendall(wire.postcopy_start(SIZE))
+    wait_status(d, ("postcopy-active",), timeout=10)
+    return port, m
+
+
+def preempt_connect(d, port, count=1):
+    p = socket.create_connection(("127.0.0.1", port))
+    wait_log(d, "postcopy preempt channel connected", count=count)
+    return p
+
+
+@test
+def test_link_cut_half_way_through_a_preempt_page_pauses():
+    """Half a page on the preempt channel, then both channels cut: the
+    destination pauses (postcopy-paused, as its source would), it does not
+    fail; and it quits."""
+    with daemon("dest", "hp-dst") as d:
+        port, m = postcopy_dest(d)
+        p = preempt_connect(d, port)
+        p.sendall(wire.page(3 * wire.PAGE, b"\xab" * wire.PAGE)[:2000])
+        p.close()
+        m.close()
+        wait_status(d, ("postcopy-paused",), timeout=10,
+                    fail_on=("failed", "completed", "cancelled"))
+        check(quits_in_time(d), "quit hung while paused")
+
+
+@test
+def test_stranger_in_the_preempt_slot_pauses():
+    """During a recovery, after the new main channel, a stranger takes the
+    preempt slot and sends garbage: the destination pauses again (the
+    real source recovers once more), it does not fail."""
+    with daemon("dest", "hp-dst") as d:
+        _, m = postcopy_dest(d)
+        m.close()
+        wait_status(d, ("postcopy-paused",), timeout=10, fail_on=("failed", "completed"))
+        rport = free_port()
+        d.qmp.cmd("migrate-recover", uri=f"tcp:127.0.0.1:{rport}")
+        m2 = socket.create_connection(("127.0.0.1", rport))
+        wait_status(d, ("postcopy-recover",), timeout=10, fail_on=("failed", "completed"))
+        stranger = preempt_connect(d, rport)
+        stranger.sendall(b"\xff" * 64)
+        try:
+            wait_status(d, ("postcopy-paused",), timeout=10,
+                        fail_on=("failed", "completed", "cancelled"))
+        finally:
+            stranger.close()
+            m2.close()
+        check("postcopy preempt channel: " in d.log_text(), "the preempt error is not logged")
+        check(quits_in_time(d), "quit hung while paused")
+
+
+# --- 5. RESUME_ACK, the received bitmap, the preempt channel's end ----------
+
+@test
+def test_resume_ack_outside_a_recovery_is_ignored():
+    """Two RESUME_ACKs during precopy, then SHUT(0): a QEMU 10 source
+    ignores them and completes; so does a qmigd source, with return-path
+    and with postcopy-ram."""
+    acks = wire.rp_message(wire.RP_RESUME_ACK, wire.be32(1)) * 2
+    shut = wire.rp_message(wire.RP_SHUT, wire.be32(0))
+    for kind in ("qemu", "qmigd"):
+        for caps in (RP, PC):
+            with daemon("source", "hp-ack", content="mixed", kind=kind) as s:
+                s.qmp.cmd("migrate-set-capabilities", capabilities=caps)
+
+                def serve(c):
+                    read_until(c, wire.command(wire.CMD_OPEN_RETURN_PATH))
+                    c.sendall(acks + shut)
+                    drain(c)
+                fake = Listener(serve)
+                try:
+                    s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{fake.port}")
+                    si = wait_status(s, ("completed", "failed"), timeout=30, fail_on=())
+                finally:
+                    fake.close()
+                check(si["status"] == "completed",
+                      f"{kind} {caps[0]['capability']}: {si.get('error-desc')}")
+    print("  QEMU 10 and qmigd sources complete with both")
+
+
+def read_recv_bitmap(c):
+    """The destination's RECV_BITMAP answer: its bitmap as an int."""
+    c.settimeout(10)
+    buf = b""
+
+    def take(n):
+        nonlocal buf
+        while len(buf) < n:
+            chunk = c.recv(1 << 16)
+            check(chunk, "the return path closed before RECV_BITMAP")
+            buf += chunk
+        out, buf = buf[:n], buf[n:]
+        return out
+    while True:
+        type_, length = struct.unpack(">HH", take(4))
+        payload = take(length)
+        if type_ == wire.RP_RECV_BITMAP:
+            break
+    check(payload == wire.cstr8("mem"), payload)
+    size = struct.unpack(">Q", take(8))[0]
+    bits = int.from_bytes(take(size), "little")
+    take(8)  # the end mark
+    return bits
+
+
+@test
+def test_preempt_pages_are_in_the_received_bitmap():
+    """A page that came on the preempt channel before the main channel
+    broke is in the image and in the bitmap the recovery sends back, so
+    the resumed source does not send it again."""
+    with daemon("dest", "hp-dst") as d:
+        port, m = postcopy_dest(d)
+        p = preempt_connect(d, port)
+        # Page 9 not next to page 5: the reader writes page 5 out when it comes.
+        p.sendall(wire.page(5 * wire.PAGE, b"\xcd" * wire.PAGE) +
+                  wire.page(9 * wire.PAGE, b"\xcd" * wire.PAGE) + wire.flag(wire.EOS))
+        deadline = time.monotonic() + 10
+        while page_of(d.image, 5) != b"\xcd" * wire.PAGE:
+            check(time.monotonic() < deadline, "the preempt page never reached the image")
+            time.sleep(0.02)
+        m.close()  # the main channel breaks
+        wait_status(d, ("postcopy-paused",), timeout=10, fail_on=("failed", "completed"))
+        rport = free_port()
+        d.qmp.cmd("migrate-recover", uri=f"tcp:127.0.0.1:{rport}")
+        m2 = socket.create_connection(("127.0.0.1", rport))
+        try:
+            m2.sendall(wire.command(wire.CMD_RECV_BITMAP, wire.cstr8("mem")))
+            bits = read_recv_bitmap(m2)
+        finally:
+            m2.close()
+            p.close()
+        check(bits & (1 << 5) and bits & (1 << 9),
+              f"pages 5 and 9 are not in the received bitmap ({bits:#x})")
+
+
+def delay_proxy(port, delay):
+    """A slow link (this kernel has no netem): a Listener that forwards its
+    connection to `port`, each chunk `delay` seconds after it came, and its
+    end too. Its `forwarded` is set once the first chunk went on."""
+    forwarded = threading.Event()
+
+    def forward(a):
+        with socket.create_connection(("127.0.0.1", port)) as b:
+            while True:
+                chunk = a.recv(1 << 16)
+                time.sleep(delay)
+                if not chunk:
+                    b.shutdown(socket.SHUT_WR)
+                    drain(b)
+                    return
+                b.sendall(chunk)
+                forwarded.set()
+    proxy = Listener(forward)
+    proxy.forwarded = forwarded
+    return proxy
+
+
+@test
+def test_no_preempt_page_in_flight_is_lost():
+    """A source that sends pages on a preempt channel 0.5 s slower than the
+    main channel: its second page and the end marker are still on the link
+    when the main channel ends; the destination reads the preempt channel
+    to the marker before it completes, so both pages are there."""
+    page = {7: b"\xef" * wire.PAGE, 11: b"\x5a" * wire.PAGE}
+    with daemon("dest", "hp-dst") as d:
+        port, m = postcopy_dest(d)
+        proxy = delay_proxy(port, 0.5)
+        p = socket.create_connection(("127.0.0.1", proxy.port))
+        try:
+            wait_log(d, "postcopy preempt channel connected")
+            p.sendall(wire.page(7 * wire.PAGE, page[7]))
+            check(proxy.forwarded.wait(10), "the proxy forwarded nothing")
+            p.sendall(wire.page(11 * wire.PAGE, page[11]) + wire.flag(wire.EOS))
+            m.sendall(wire.end() + wire.flag(wire.EOS) + wire.footer() + b"\x00")
+            t0 = time.monotonic()
+            di = wait_status(d, ("completed",), timeout=30)
+            took = time.monotonic() - t0
+        finally:
+            p.close()
+            m.close()
+            proxy.close()
+        for i, data in page.items():
+            check(page_of(d.image, i) == data, f"page {i} on the slow link was lost")
+        print(f"  completed {took:.2f} s after the main channel's end, "
+              f"{di['incoming']['normal']} page(s)")
+
+
+if __name__ == "__main__":
+    main()
