@@ -18,12 +18,18 @@ phase() {
     phase_start=$SECONDS
 }
 
-# ctest in DIR with ARGS, its output kept, then its ten slowest tests.
+# ctest in DIR with ARGS, each test's lines as they come (an integration
+# test says PASS/FAIL per case: no long silence), its output kept in
+# DIR/ctest-output.log, then its ten slowest tests.
 run_ctest() {
     local dir=$1
     shift
     local log="$dir/ctest-output.log" rc=0
-    (cd "$dir" && ctest --output-on-failure "$@") 2>&1 | tee "$log" || rc=$?
+    (cd "$dir" && ctest --verbose "$@") 2>&1 | grep --line-buffered -v \
+        -e '^UpdateCTestConfiguration' -e '^Parse Config' -e '^ Add coverage exclude' \
+        -e '^Constructing a list of tests' -e '^Updating test list' -e '^Checking test dependency' \
+        -e '^[0-9]*: Test command:' -e '^[0-9]*: Working Directory:' -e '^[0-9]*: Environment variables:' \
+        -e '^[0-9]*:  [A-Z_]*=' -e '^Test timeout computed' | tee "$log" || rc=$?
     echo "test.sh: slowest tests in $dir:"
     sed -n 's/^ *[0-9]*\/[0-9]* Test *#[0-9]*: \([^ ]*\) .* \([0-9.]*\) sec$/\2 \1/p' "$log" \
         | sort -rn | head -10 | awk '{printf "  %8.1f s  %s\n", $1, $2}'
