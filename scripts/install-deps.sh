@@ -15,7 +15,7 @@ need_pkgs=()
 for p in build-essential cmake pkg-config libuv1-dev nlohmann-json3-dev \
          libcli11-dev libspdlog-dev catch2 python3 zlib1g-dev libzstd-dev \
          libgnutls28-dev gnutls-bin linux-image-amd64 busybox-static cpio file \
-         libcpp-httplib-dev prometheus libseccomp-dev python3-matplotlib \
+         libmicrohttpd-dev prometheus libseccomp-dev python3-matplotlib \
          debootstrap systemd-container; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
         || need_pkgs+=("$p")

@@ -52,20 +52,27 @@ std::unique_ptr<ServiceNotifier> ServiceNotifier::from_environment()
         spdlog::warn("NOTIFY_SOCKET: socket: {}", std::strerror(errno));
         return nullptr;
     }
-    return std::unique_ptr<ServiceNotifier>(new ServiceNotifier(fd, address, watchdog));
+    // Connected now, while the path is reachable: after --chroot it is
+    // not, and after --runas the new user may not write to it.
+    sockaddr_un sa = {};
+    sa.sun_family = AF_UNIX;
+    std::memcpy(sa.sun_path, address.data(), address.size());
+    socklen_t len = socklen_t(offsetof(sockaddr_un, sun_path) + address.size() +
+                              (address[0] == '\0' ? 0 : 1));
+    if (::connect(fd, reinterpret_cast<const sockaddr *>(&sa), len) < 0) {
+        spdlog::warn("NOTIFY_SOCKET '{}': {}: the service manager will not hear from qmigd",
+                     env, std::strerror(errno));
+        ::close(fd);
+        return nullptr;
+    }
+    return std::unique_ptr<ServiceNotifier>(new ServiceNotifier(fd, watchdog));
 }
 
 ServiceNotifier::~ServiceNotifier() { ::close(fd_); }
 
 void ServiceNotifier::send(const std::string &state)
 {
-    sockaddr_un sa = {};
-    sa.sun_family = AF_UNIX;
-    std::memcpy(sa.sun_path, address_.data(), address_.size());
-    socklen_t len = socklen_t(offsetof(sockaddr_un, sun_path) + address_.size() +
-                              (address_[0] == '\0' ? 0 : 1));
-    if (::sendto(fd_, state.data(), state.size(), MSG_NOSIGNAL,
-                 reinterpret_cast<const sockaddr *>(&sa), len) < 0) {
+    if (::send(fd_, state.data(), state.size(), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
         spdlog::debug("NOTIFY_SOCKET: {}", std::strerror(errno));
     }
 }
