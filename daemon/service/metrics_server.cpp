@@ -176,6 +176,12 @@ void MetricsServer::serve()
             int m = int(std::min<MHD_UNSIGNED_LONG_LONG>(mhd_ms, 60000));
             timeout = timeout < 0 ? m : std::min(timeout, m);
         }
+        // libmicrohttpd watches its listening socket again (below the cap)
+        // only in the run after a close: give it that run now.
+        if (closed_) {
+            timeout = 0;
+            closed_ = false;
+        }
         pollfd fds[2] = {{epoll_fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
         if (::poll(fds, 2, timeout) < 0 && errno != EINTR) {
             spdlog::error("metrics: poll: {}", std::strerror(errno));
@@ -204,6 +210,7 @@ void *MetricsServer::connection_started(MHD_Connection *c)
 void MetricsServer::connection_closed(void *tracked)
 {
     tracked_.erase(static_cast<Tracked *>(tracked)->self);
+    closed_ = true;
 }
 
 // Shutting the socket (not closing it: libmicrohttpd owns the descriptor)

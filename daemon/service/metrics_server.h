@@ -95,6 +95,7 @@ private:
     int port_ = 0;
     // Open connections, oldest first (server thread only).
     std::list<Tracked> tracked_;
+    bool closed_ = false; // a connection closed in the last run (server thread)
 };
 
 } // namespace qmigd
