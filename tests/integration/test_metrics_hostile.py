@@ -253,11 +253,11 @@ def test_sigterm_and_quit_with_slow_clients_connected():
     with images(MiB, "zero") as imgs:
         for how in ("sigterm", "quit"):
             p, port = metrics_peer(imgs[0][1], MiB, tag=f"mh-{how}")
+            scrape(port)
             flood = Flood([port], {"slowloris": 2, "idle": 2})
             try:
                 for _ in range(10):
                     flood.step()
-                scrape(port)
                 end = ((lambda: p.proc.send_signal(signal.SIGTERM)) if how == "sigterm"
                        else (lambda: p.qmp.execute("quit")))
                 took = ended_within(p, end)
@@ -302,7 +302,7 @@ def test_500_hostile_connections_beside_a_migration():
             wait_status(s, ("completed",), 5)
             wait_status(d, ("completed",), 5)
             check(files_equal(src_img, dst_img), "images differ")
-            lat = sorted(scraper.latencies)
+            lat = sorted(scraper.latencies) or [float("inf")]
             cut = [t for k, t in flood.closed_by_daemon if k in ("slowloris", "idle")]
             print(f"  {sum(counts.values())} hostile connections ({flood.opened} opened in all), "
                   f"256 MiB migrated in {done:.2f} s; destination: anonymous memory "
