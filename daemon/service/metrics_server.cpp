@@ -263,12 +263,20 @@ MetricsServer::Answer MetricsServer::answer(const std::string &method, const std
     if (method != "GET" && method != "HEAD") {
         return {MHD_HTTP_METHOD_NOT_ALLOWED, "GET or HEAD\n", "text/plain"};
     }
-    bool ok = false;
-    std::string text = loop_text(&ok);
-    if (!ok) {
-        return {MHD_HTTP_SERVICE_UNAVAILABLE, "qmigd: the daemon did not answer\n", "text/plain"};
+    // Clients asking faster than kReuse share one text: however many
+    // there are, the loop thread makes at most 1 s / kReuse a second.
+    auto now = Clock::now();
+    if (made_.time_since_epoch().count() == 0 || now - made_ >= kReuse) {
+        bool ok = false;
+        std::string text = loop_text(&ok);
+        if (!ok) {
+            return {MHD_HTTP_SERVICE_UNAVAILABLE, "qmigd: the daemon did not answer\n",
+                    "text/plain"};
+        }
+        text_cache_ = std::move(text);
+        made_ = now;
     }
-    return {MHD_HTTP_OK, std::move(text), "text/plain; version=0.0.4; charset=utf-8"};
+    return {MHD_HTTP_OK, text_cache_, "text/plain; version=0.0.4; charset=utf-8"};
 }
 
 // The text is made where the state lives: on the loop thread.

@@ -50,6 +50,9 @@ class Figures:
     def anon_now(self):
         return int(proc_status(self.pid)["RssAnon"].split()[0]) << 10
 
+    def hwm(self):
+        return int(proc_status(self.pid)["VmHWM"].split()[0]) << 10
+
     def fds_now(self):
         return len(os.listdir(f"/proc/{self.pid}/fd"))
 
@@ -269,8 +272,9 @@ def test_sigterm_and_quit_with_slow_clients_connected():
 
 @test
 def test_500_hostile_connections_beside_a_migration():
-    """250 hostile connections on each daemon's /metrics (slowloris, endless
-    header lines, idle, huge Range) while 256 MiB migrate: the migration
+    """500 hostile connections on the destination's /metrics (slowloris,
+    endless header lines, idle, huge Range), a few slow ones on the
+    source's, while 256 MiB migrate between them: the migration
     completes byte for byte, a well-behaved scraper of both is answered
     every time, the destination's anonymous memory and descriptors stay
     bounded, Range answers stay one text's size, connections are cut at
@@ -279,21 +283,25 @@ def test_500_hostile_connections_beside_a_migration():
     raise_nofile()
     size = 256 * MiB
     counts = {"slowloris": 150, "endless": 50, "idle": 200, "range": 100}
+    floods = []
     with images(size, "random") as imgs:
         (_, src_img, dst_img, _), = imgs
         s, sport = metrics_peer(src_img, size, "source", "mh-src")
         d, dport = metrics_peer(dst_img, size, "dest", "mh-dst")
-        flood = scraper = None
+        scraper = None
         try:
             fig = Figures(d.proc.pid)
             base_anon, base_fds = fig.anon_now(), fig.fds_now()
-            flood = Flood([sport, dport], counts)
+            floods.append(Flood([dport], counts))
+            floods.append(Flood([sport], {"slowloris": 16, "idle": 8}))
+            flood = floods[0]
             scraper = Scraper([sport, dport])
             s.qmp.cmd("migrate-set-parameters", {"max-bandwidth": 80 * MiB})
             s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{start_incoming(d)}")
             t0, done = time.monotonic(), None
             while time.monotonic() - t0 < DEADLINE + 1.5 or done is None:
-                flood.step()
+                for f in floods:
+                    f.step(0.02)
                 fig.sample()
                 if done is None and s.status()["status"] in ("completed", "failed", "cancelled"):
                     done = time.monotonic() - t0
@@ -306,7 +314,8 @@ def test_500_hostile_connections_beside_a_migration():
             cut = [t for k, t in flood.closed_by_daemon if k in ("slowloris", "idle")]
             print(f"  {sum(counts.values())} hostile connections ({flood.opened} opened in all), "
                   f"256 MiB migrated in {done:.2f} s; destination: anonymous memory "
-                  f"{base_anon / MiB:.1f} -> peak {fig.anon / MiB:.1f} MiB, descriptors {base_fds} -> "
+                  f"{base_anon / MiB:.1f} -> peak {fig.anon / MiB:.1f} MiB (peak RSS with the "
+                  f"image's pages {fig.hwm() / MiB:.0f} MiB), descriptors {base_fds} -> "
                   f"peak {fig.fds}; {len(lat)} scrapes, median {lat[len(lat) // 2] * 1000:.1f} ms, "
                   f"max {lat[-1] * 1000:.1f} ms, {len(scraper.failures)} failed; largest Range "
                   f"answer {flood.range_answer_max} bytes; slow/idle cut after "
@@ -325,8 +334,8 @@ def test_500_hostile_connections_beside_a_migration():
         finally:
             if scraper:
                 scraper.stop()
-            if flood:
-                flood.close()
+            for f in floods:
+                f.close()
             s.stop()
             d.stop()
 
