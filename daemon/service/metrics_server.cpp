@@ -141,7 +141,8 @@ Status MetricsServer::start(const std::string &address)
         return Error(std::string("--metrics: eventfd: ") + std::strerror(errno));
     }
     thread_ = std::thread([this] { serve(); });
-    spdlog::info("metrics: http://{}:{}/metrics", host, port_);
+    spdlog::info("metrics: http://{}:{}/metrics",
+                 host.find(':') == std::string::npos ? host : "[" + host + "]", port_);
     return {};
 }
 
