@@ -3,7 +3,8 @@
 # that is already done. QEMU >= 10.0 comes from bookworm-backports on Debian 12.
 # linux-image-amd64, busybox-static and cpio: the real guest of test_park.py.
 # prometheus (with promtool): test_metrics.py scrapes qmigd with the real one.
-# libseccomp-dev: --sandbox. python3-matplotlib: the benchmarks' --plot charts.
+# libseccomp-dev: --sandbox. libmicrohttpd-dev: --metrics. python3-matplotlib: the
+# benchmarks' --plot charts.
 # debootstrap and systemd-container: test_package.py installs the .deb on a
 # fresh Debian 12 and boots systemd there.
 set -euo pipefail
