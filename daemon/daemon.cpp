@@ -1,6 +1,7 @@
 #include "daemon/daemon.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -24,6 +25,9 @@ Daemon::~Daemon()
     outgoing_.reset();
     uv_run(&loop_, UV_RUN_DEFAULT);
     uv_loop_close(&loop_);
+    if (proc_status_fd_ >= 0) {
+        ::close(proc_status_fd_);
+    }
 }
 
 MigrationStatus Daemon::migration_status() const

@@ -107,6 +107,7 @@ private:
     std::unique_ptr<MetricsServer> metrics_;
     json last_query_ = json::object();
     double last_end_unix_ = 0;
+    int proc_status_fd_ = -1; // /proc/self/status, opened before --chroot/--runas
     Status start_metrics();
     std::string metrics_text() const;
     void keep_last_migration(MigrationStatus s);

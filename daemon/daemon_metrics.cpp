@@ -2,9 +2,15 @@
 // loop thread (daemon/service/metrics_server.h serves it).
 #include "daemon/daemon.h"
 
+#include <cerrno>
 #include <chrono>
-#include <fstream>
+#include <cstdio>
+#include <cstring>
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
 
 #include "monitor/metrics.h"
 
@@ -12,19 +18,22 @@ namespace qmigd {
 
 namespace {
 
-// VmRSS and Threads of /proc/self/status.
-void process_figures(MetricsInput &in)
+// VmRSS and Threads of /proc/self/status, read through a descriptor opened
+// at start: after --chroot there is no /proc to open, and after --runas
+// the process may not be allowed to.
+void process_figures(int status_fd, MetricsInput &in)
 {
-    std::ifstream f("/proc/self/status");
-    std::string key;
-    uint64_t value;
-    while (f >> key) {
-        if (key == "VmRSS:" && f >> value) {
+    char buf[8192];
+    ssize_t n = status_fd >= 0 ? ::pread(status_fd, buf, sizeof buf - 1, 0) : -1;
+    buf[n > 0 ? n : 0] = '\0';
+    for (const char *line = buf; line; line = std::strchr(line, '\n')) {
+        line += *line == '\n'; // past the previous line's end
+        unsigned long long value;
+        if (std::sscanf(line, "VmRSS: %llu", &value) == 1) {
             in.resident_bytes = value << 10;
-        } else if (key == "Threads:" && f >> value) {
+        } else if (std::sscanf(line, "Threads: %llu", &value) == 1) {
             in.threads = value;
         }
-        f.ignore(1 << 10, '\n');
     }
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) == 0) {
@@ -68,7 +77,7 @@ std::string Daemon::metrics_text() const
             b.desc.idstr, opts_.role == Role::Source ? page_access_name(p.read)
                                                      : page_access_name(p.write));
     }
-    process_figures(in);
+    process_figures(proc_status_fd_, in);
     return prometheus_metrics(in);
 }
 
@@ -76,6 +85,12 @@ Status Daemon::start_metrics()
 {
     if (opts_.metrics.empty()) {
         return {};
+    }
+    // Before --chroot and --runas, which would hide it (Daemon::start).
+    proc_status_fd_ = ::open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    if (proc_status_fd_ < 0) {
+        spdlog::warn("metrics: /proc/self/status: {}: the process figures read 0",
+                     std::strerror(errno));
     }
     metrics_ = std::make_unique<MetricsServer>(*dispatcher_, [this] { return metrics_text(); });
     return metrics_->start(opts_.metrics);

@@ -3,7 +3,8 @@
 # that is already done. QEMU >= 10.0 comes from bookworm-backports on Debian 12.
 # linux-image-amd64, busybox-static and cpio: the real guest of test_park.py.
 # prometheus (with promtool): test_metrics.py scrapes qmigd with the real one.
-# libseccomp-dev: --sandbox. python3-matplotlib: the benchmarks' --plot charts.
+# libseccomp-dev: --sandbox. libmicrohttpd-dev: --metrics. python3-matplotlib: the
+# benchmarks' --plot charts.
 # help2man: the qmigd(1) and qmig(1) man pages (man-db: test_package reads them).
 # debootstrap and systemd-container: test_package.py installs the .deb on a
 # fresh Debian 12 and boots systemd there.
@@ -16,7 +17,7 @@ need_pkgs=()
 for p in build-essential cmake pkg-config libuv1-dev nlohmann-json3-dev \
          libcli11-dev libspdlog-dev catch2 python3 zlib1g-dev libzstd-dev \
          libgnutls28-dev gnutls-bin linux-image-amd64 busybox-static cpio file \
-         libcpp-httplib-dev prometheus libseccomp-dev python3-matplotlib help2man man-db \
+         libmicrohttpd-dev prometheus libseccomp-dev python3-matplotlib help2man man-db \
          debootstrap systemd-container; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
         || need_pkgs+=("$p")

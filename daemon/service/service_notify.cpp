@@ -26,6 +26,30 @@ uint64_t watchdog_from_environment()
     return end && *end == '\0' ? uint64_t(v) : 0;
 }
 
+// A datagram socket connected to `address` (a path, or \0NAME) now, while
+// the path is reachable: after --chroot it is not, and after --runas the
+// new user may not write to it. -1 (said in the log) if it cannot be.
+int connect_manager(const std::string &address, const std::string &given)
+{
+    int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        spdlog::warn("NOTIFY_SOCKET: socket: {}", std::strerror(errno));
+        return -1;
+    }
+    sockaddr_un sa = {};
+    sa.sun_family = AF_UNIX;
+    std::memcpy(sa.sun_path, address.data(), address.size());
+    socklen_t len = socklen_t(offsetof(sockaddr_un, sun_path) + address.size() +
+                              (address[0] == '\0' ? 0 : 1));
+    if (::connect(fd, reinterpret_cast<const sockaddr *>(&sa), len) < 0) {
+        spdlog::warn("NOTIFY_SOCKET '{}': {}: the service manager will not hear from qmigd",
+                     given, std::strerror(errno));
+        ::close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 } // namespace
 
 std::unique_ptr<ServiceNotifier> ServiceNotifier::from_environment()
@@ -44,28 +68,20 @@ std::unique_ptr<ServiceNotifier> ServiceNotifier::from_environment()
         }
         return nullptr;
     }
+    const std::string given = address;
     if (address[0] == '@') {
         address[0] = '\0';
     }
-    int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        spdlog::warn("NOTIFY_SOCKET: socket: {}", std::strerror(errno));
-        return nullptr;
-    }
-    return std::unique_ptr<ServiceNotifier>(new ServiceNotifier(fd, address, watchdog));
+    int fd = connect_manager(address, given);
+    return fd < 0 ? nullptr
+                  : std::unique_ptr<ServiceNotifier>(new ServiceNotifier(fd, watchdog));
 }
 
 ServiceNotifier::~ServiceNotifier() { ::close(fd_); }
 
 void ServiceNotifier::send(const std::string &state)
 {
-    sockaddr_un sa = {};
-    sa.sun_family = AF_UNIX;
-    std::memcpy(sa.sun_path, address_.data(), address_.size());
-    socklen_t len = socklen_t(offsetof(sockaddr_un, sun_path) + address_.size() +
-                              (address_[0] == '\0' ? 0 : 1));
-    if (::sendto(fd_, state.data(), state.size(), MSG_NOSIGNAL,
-                 reinterpret_cast<const sockaddr *>(&sa), len) < 0) {
+    if (::send(fd_, state.data(), state.size(), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
         spdlog::debug("NOTIFY_SOCKET: {}", std::strerror(errno));
     }
 }

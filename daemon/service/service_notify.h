@@ -23,8 +23,9 @@ namespace qmigd {
 class ServiceNotifier {
 public:
     // From $NOTIFY_SOCKET (a path, or @NAME in the abstract namespace) and
-    // $WATCHDOG_USEC (only if $WATCHDOG_PID is unset or ours). Null when no
-    // manager asked. Both are removed from the environment, so that
+    // $WATCHDOG_USEC (only if $WATCHDOG_PID is unset or ours), connected
+    // at once: call it before --chroot and --runas. Null when no manager
+    // asked, or its socket cannot be reached. Both are removed from the environment, so that
     // commands qmigd starts (exec:) do not talk to the manager as qmigd.
     static std::unique_ptr<ServiceNotifier> from_environment();
     ~ServiceNotifier();
@@ -35,13 +36,9 @@ public:
     uint64_t watchdog_usec() const { return watchdog_usec_; }
 
 private:
-    ServiceNotifier(int fd, std::string address, uint64_t watchdog_usec)
-        : fd_(fd), address_(std::move(address)), watchdog_usec_(watchdog_usec)
-    {
-    }
+    ServiceNotifier(int fd, uint64_t watchdog_usec) : fd_(fd), watchdog_usec_(watchdog_usec) {}
 
-    int fd_;
-    std::string address_; // a path, or \0NAME
+    int fd_; // connected to the manager's socket
     uint64_t watchdog_usec_;
 };
 

@@ -138,3 +138,46 @@ def good_run_with_new(kind, role, imgs, other):
         good_run(other, imgs, new) if role == "dest" else good_run(new, imgs, other)
     finally:
         new.stop()
+
+
+class NotifySocket:
+    """A datagram socket standing in for the service manager's, in `dir`
+    (or the abstract namespace)."""
+
+    def __init__(self, abstract=False, dir="/tmp"):
+        name = unique_name("notify")
+        self.path = os.path.join(dir, f"{name}.sock")
+        self.address = ("\0" + name) if abstract else self.path
+        self.env_value = ("@" + name) if abstract else self.path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.address)
+        self.messages = []  # (monotonic time, text)
+
+    def env(self, watchdog_usec=None):
+        extra = {"NOTIFY_SOCKET": self.env_value}
+        if watchdog_usec:
+            extra["WATCHDOG_USEC"] = str(watchdog_usec)
+        return lambda log: extra
+
+    def read(self, timeout=0.0):
+        self.sock.settimeout(timeout)
+        try:
+            while True:
+                data = self.sock.recv(4096)
+                self.messages.append((time.monotonic(), data.decode()))
+                self.sock.settimeout(0.001)
+        except (socket.timeout, BlockingIOError):
+            pass
+        return [m for _, m in self.messages]
+
+    def wait_for(self, text, timeout=10):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(text in m for m in self.read(0.05)):
+                return
+        raise AssertionError(f"no {text!r} in {self.read()}")
+
+    def close(self):
+        self.sock.close()
+        if not self.address.startswith("\0"):
+            os.unlink(self.path)

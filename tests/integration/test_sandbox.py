@@ -9,14 +9,17 @@ at start. (The allow-list's own kill and EPERM, on a forbidden call of
 the daemon itself, are in the unit tests: test_sandbox.cpp.)"""
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import tempfile
 import time
+import urllib.request
 
 from itest import test, main, check, skip
-from fixtures import images, MiB
-from runner import proc_status, Peer, QMIGD, migrate, wait_status, files_equal, unique_name, remove
+from fixtures import images, MiB, NotifySocket
+from runner import (proc_status, free_port, Peer, QMIGD, migrate, wait_status, files_equal,
+                    unique_name, remove)
 from qmp import QMPError
 
 SIZE = 32 * MiB
@@ -153,22 +156,37 @@ def park_as_nobody(imgs, park, tag, extra=(), before=None):
 def test_runas_and_chroot():
     """--runas nobody --chroot EMPTY: the destination drops to nobody in an
     empty root after opening its image and sockets, and a migration into it
-    completes identical; a parking destination (--ram-dir owned by nobody)
-    parks as nobody, its files nobody's."""
+    completes identical; the service manager's socket (in a directory of
+    the test's, out of the new root's reach and nobody's) still gets
+    READY=1 and the watchdog's pings, and /metrics still reads the
+    process's memory and threads; a parking destination (--ram-dir owned
+    by nobody) parks as nobody, its files nobody's."""
     try:
         nobody = pwd.getpwnam("nobody")
     except KeyError:
         skip("no user 'nobody' on this host")
     root = tempfile.mkdtemp(prefix="qmigd-chroot-")
     park = tempfile.mkdtemp(prefix="qmigd-park-", dir="/dev/shm")
+    own = tempfile.mkdtemp(prefix="qmigd-notify-")  # 0700, root's
+    notify = NotifySocket(dir=own)
     os.chown(park, nobody.pw_uid, nobody.pw_gid)
     try:
         with images(SIZE, "mixed") as imgs:
             (name, src_img, dst_img, size), = imgs
             src = Peer("qmigd", "source", [(name, src_img, size)], "sbx-ru-src")
+            port = free_port()
             dst = Peer("qmigd", "dest", [(name, dst_img, size)], "sbx-ru-dst",
-                       ["--runas", "nobody", "--chroot", root])
+                       ["--runas", "nobody", "--chroot", root, "--metrics", f"127.0.0.1:{port}"],
+                       env=notify.env(watchdog_usec=200000))
             try:
+                notify.wait_for("READY=1")
+                t = time.monotonic()
+                while sum("WATCHDOG=1" in m for m in notify.read(0.05)) < 3:
+                    check(time.monotonic() - t < 5, f"no watchdog pings: {notify.read()}")
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    text = r.read().decode()
+                check(re.search(r"^qmigd_process_resident_memory_bytes [1-9]", text, re.M)
+                      and re.search(r"^qmigd_process_threads [1-9]", text, re.M), text)
                 st = proc_status(dst.proc.pid)
                 check(st["Uid"].split()[:3] == [str(nobody.pw_uid)] * 3, st["Uid"])
                 check(os.readlink(f"/proc/{dst.proc.pid}/root") == root,
@@ -180,6 +198,8 @@ def test_runas_and_chroot():
                 dst.stop()
             park_as_nobody(imgs, park, "sbx-rp", ["--sandbox", "on"])
     finally:
+        notify.close()
+        shutil.rmtree(own, ignore_errors=True)
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(park, ignore_errors=True)
 

@@ -14,54 +14,12 @@ import tempfile
 import time
 
 from itest import test, main, check, skip
-from fixtures import images, MiB
+from fixtures import images, MiB, NotifySocket
 from runner import sandbox_spawning, Peer, QMIGD, unique_name, wait_status, start_incoming, files_equal, free_port
 from qmp import QMP
 
 SIZE = 16 * MiB
 UNITS = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "systemd")
-
-
-class NotifySocket:
-    """A datagram socket standing in for the service manager's."""
-
-    def __init__(self, abstract=False):
-        name = unique_name("notify")
-        self.path = f"/tmp/{name}.sock"
-        self.address = ("\0" + name) if abstract else self.path
-        self.env_value = ("@" + name) if abstract else self.path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(self.address)
-        self.messages = []  # (monotonic time, text)
-
-    def env(self, watchdog_usec=None):
-        extra = {"NOTIFY_SOCKET": self.env_value}
-        if watchdog_usec:
-            extra["WATCHDOG_USEC"] = str(watchdog_usec)
-        return lambda log: extra
-
-    def read(self, timeout=0.0):
-        self.sock.settimeout(timeout)
-        try:
-            while True:
-                data = self.sock.recv(4096)
-                self.messages.append((time.monotonic(), data.decode()))
-                self.sock.settimeout(0.001)
-        except (socket.timeout, BlockingIOError):
-            pass
-        return [m for _, m in self.messages]
-
-    def wait_for(self, text, timeout=10):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(text in m for m in self.read(0.05)):
-                return
-        raise AssertionError(f"no {text!r} in {self.read()}")
-
-    def close(self):
-        self.sock.close()
-        if not self.address.startswith("\0"):
-            os.unlink(self.path)
 
 
 @test
