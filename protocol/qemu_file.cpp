@@ -136,7 +136,8 @@ int QEMUFileReader::peek_byte()
     return buf_[head_];
 }
 
-void QEMUFileReader::read_to_end(std::vector<uint8_t> &out, size_t max)
+void QEMUFileReader::read_to_end(std::vector<uint8_t> &out, size_t max,
+                                 const std::function<bool(std::span<const uint8_t>)> &whole)
 {
     size_t start = out.size();
     for (;;) {
@@ -151,6 +152,9 @@ void QEMUFileReader::read_to_end(std::vector<uint8_t> &out, size_t max)
         out.insert(out.end(), buf_.get() + head_, buf_.get() + tail_);
         pos_ += have;
         head_ = tail_ = 0;
+        if (have && whole && whole(std::span<const uint8_t>(out).subspan(start))) {
+            return;
+        }
         if (eof_ || !fill(1)) {
             return; // fill() at the end of stream leaves no error
         }
