@@ -44,6 +44,9 @@ namespace {
 using nlohmann::json;
 
 constexpr const char *kPackagedNote = "device state of a postcopy package";
+// The largest description taken for a record's end: a q35 VM's is ~60 KiB
+// (a CPU's ~15 KiB), and parsing one costs up to ~20x its size in memory.
+constexpr size_t kMaxDescribedVmdesc = 4 << 20;
 constexpr const char *kSectionsBytes = "qmigd-sections-bytes";
 
 bool is_count(const json &j, const char *key)
@@ -174,7 +177,8 @@ bool DeviceStateEnd::whole(std::span<const uint8_t> blob)
     for (size_t eof = z >= 5 ? z - 5 : 0; eof <= z; eof++) {
         const size_t k = eof + 1; // QEMU_VM_VMDESCRIPTION
         if (blob[eof] != QEMU_VM_EOF || k + 5 >= n || blob[k] != QEMU_VM_VMDESCRIPTION ||
-            get_be32(&blob[k + 1]) != n - k - 5 || blob[k + 5] != '{') {
+            get_be32(&blob[k + 1]) != n - k - 5 || blob[k + 5] != '{' ||
+            n - k - 5 > kMaxDescribedVmdesc) {
             continue;
         }
         auto desc = blob.subspan(k + 5);

@@ -37,11 +37,13 @@ Result<DeviceStateInfo> device_state_check(std::span<const uint8_t> blob);
 // the stream has no end to wait for, and the record none of its own on the
 // wire. The trailing VM description (QEMU's vmdesc) names each device
 // section and the bytes of its fields and subsections; the record is
-// whole when its description describes exactly the sections before it
-// (header, body, footer), so device bytes that only look like a record's
-// end (a guest's data in a device buffer) are never taken for it.
-// Fed the growing record after each read; costs O(new bytes) unless the
-// bytes end like a record.
+// whole when its description (of at most 4 MiB) describes exactly the
+// sections before it (header, body, footer), so device bytes that only
+// look like a record's end (a guest's data in a device buffer) are not
+// taken for it. (A guest that forged a description of the bytes before
+// its buffer, and had a read end right after it, would cut short only
+// its own device state.) Fed the growing record after each read; costs
+// O(new bytes) unless the bytes end like a record.
 class DeviceStateEnd {
 public:
     bool whole(std::span<const uint8_t> blob);

@@ -61,9 +61,16 @@ private:
             return false;
         }
         over_ = keep_->size() > max_ || n > max_ - keep_->size();
+        if (!over_ && keep_->size() + n > kReserveAt && keep_->capacity() < max_) {
+            // Past 1 MiB (a few disks' bitmaps are KiB), room for the most
+            // it may keep, once: reserved address space costs no memory
+            // until written, and no doubling leaves copies in the heap.
+            keep_->reserve(max_);
+        }
         return !over_;
     }
 
+    static constexpr size_t kReserveAt = 1 << 20;
     QEMUFileReader &f_;
     std::vector<uint8_t> *keep_;
     size_t max_;
