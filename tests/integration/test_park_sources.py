@@ -22,13 +22,12 @@ import socket
 import struct
 import subprocess
 import tempfile
-import threading
-import time
 
 import wire
 from itest import test, main, check, skip
+from fixtures import resume_parked_to_qemu
 from runner import (Peer, migrate, wait_status, start_incoming, unique_name, make_image,
-                    files_equal, remove, proc_status, QMIGD)
+                    files_equal, proc_status, QMIGD)
 from backing import backing_dir, Unavailable
 
 MiB = 1 << 20
@@ -127,18 +126,8 @@ def qemu_guest(tag, path=SRC_IMG, role="source"):
     return Peer("qemu", role, [("mem", path, SIZE)], tag)
 
 
-def resume_to_qemu(d, tag):
-    img = os.path.join(WORK, unique_name(tag) + ".ram")
-    src = Peer("qmigd", "source", [], tag + "-src", extra=["--ram-dir", d])
-    dst = qemu_guest(tag + "-dst", img, "dest")
-    try:
-        si, di, _ = migrate(src, dst, False, 1, "legacy")
-        check(si["status"] == "completed" and di["status"] == "completed", (si, di))
-        check(files_equal(SRC_IMG, img), "the resumed RAM differs")
-    finally:
-        src.stop()
-        dst.stop()
-        remove(img)
+def resume_to_qemu(directory, tag):
+    resume_parked_to_qemu(directory, tag, SRC_IMG, WORK)
 
 
 def record(d):

@@ -149,6 +149,22 @@ TEST_CASE("a device-state record must end with EOF and a VM description", "[park
     CHECK_FALSE(device_state_check({}).ok());
 }
 
+namespace {
+
+// What parked_vm_read() makes of a written record, once images of the
+// recorded sizes stand next to it.
+Result<ParkedVm> read_back_with_images(const ParkedVm &vm)
+{
+    for (size_t i = 0; i < vm.blocks.size(); i++) {
+        std::filesystem::path p = parked_block_path(vm.dir, i, vm.blocks[i].idstr);
+        std::ofstream(p).close();
+        std::filesystem::resize_file(p, vm.blocks[i].size);
+    }
+    return parked_vm_read(vm.dir);
+}
+
+} // namespace
+
 TEST_CASE("a parked VM's directory: names, record round trip and checks", "[park]")
 {
     CHECK(parked_block_path("/d", 1, "/rom@etc/acpi/tables") == "/d/01-_rom_etc_acpi_tables.img");
@@ -169,12 +185,7 @@ TEST_CASE("a parked VM's directory: names, record round trip and checks", "[park
     CHECK(park_dir_check(vm.dir).error().message() == "'" + vm.dir + "' already holds a parked VM");
     CHECK(parked_vm_read(vm.dir).error().message().find("No such file or directory") !=
           std::string::npos);
-    for (size_t i = 0; i < vm.blocks.size(); i++) {
-        fs::path p = parked_block_path(vm.dir, i, vm.blocks[i].idstr);
-        std::ofstream(p).close();
-        fs::resize_file(p, vm.blocks[i].size);
-    }
-    auto back = parked_vm_read(vm.dir);
+    auto back = read_back_with_images(vm);
     REQUIRE(back.ok());
     CHECK(back->machine_type == vm.machine_type);
     CHECK(back->ram_section_id == 7);
@@ -223,6 +234,14 @@ std::vector<size_t> ends_seen(const std::vector<uint8_t> &blob, size_t step)
     }
 }
 
+// One read of a fake stream: what fits of src from `at` on.
+ssize_t serve(const std::vector<uint8_t> &src, size_t at, void *dst, size_t n)
+{
+    size_t k = std::min(n, src.size() - at);
+    std::memcpy(dst, src.data() + at, k);
+    return ssize_t(k);
+}
+
 // The stream of a source that waits for our answer: its bytes, then a
 // read that would never return (an error here, so the test sees it).
 struct WaitingSource : InputStream {
@@ -235,10 +254,24 @@ struct WaitingSource : InputStream {
             *err = "read past the end: the source waits for our SHUT";
             return -1;
         }
-        size_t k = std::min(n, bytes.size() - at);
-        std::memcpy(dst, bytes.data() + at, k);
-        at += k;
-        return ssize_t(k);
+        ssize_t k = serve(bytes, at, dst, n);
+        at += size_t(k);
+        return k;
+    }
+};
+
+// An unterminated dirty-bitmap section: BITS records of QEMU's largest
+// chunk, for ever. Counts what it served.
+struct EndlessBitmap : InputStream {
+    std::vector<uint8_t> head, record;
+    size_t served = 0;
+    ssize_t read_some(void *dst, size_t n, std::string *) override
+    {
+        bool in_head = served < head.size();
+        ssize_t k = serve(in_head ? head : record,
+                          in_head ? served : (served - head.size()) % record.size(), dst, n);
+        served += size_t(k);
+        return k;
     }
 };
 
@@ -372,26 +405,6 @@ TEST_CASE("park mode refuses a stream with no RAM block list on every path", "[p
     CHECK(r.error().message() == want);
 }
 
-namespace {
-
-// An unterminated dirty-bitmap section: BITS records of QEMU's largest
-// chunk, for ever. Counts what it served.
-struct EndlessBitmap : InputStream {
-    std::vector<uint8_t> head, record;
-    size_t served = 0;
-    ssize_t read_some(void *dst, size_t n, std::string *) override
-    {
-        const std::vector<uint8_t> &src = served < head.size() ? head : record;
-        size_t at = served < head.size() ? served : (served - head.size()) % record.size();
-        size_t k = std::min(n, src.size() - at);
-        std::memcpy(dst, src.data() + at, k);
-        served += k;
-        return ssize_t(k);
-    }
-};
-
-} // namespace
-
 TEST_CASE("park mode bounds a dirty-bitmap section while it fills", "[park]")
 {
     EndlessBitmap in;
@@ -442,12 +455,7 @@ TEST_CASE("a parked VM's record keeps any name QEMU sends, byte for byte", "[par
     std::string text((std::istreambuf_iterator<char>(rec)), std::istreambuf_iterator<char>());
     CHECK(text.find("\"machine-type-hex\": \"70632dc328") != std::string::npos);
     CHECK(text.find("\"idstr\": \"r\xc3\xa9m\\n\"") != std::string::npos);
-    for (size_t i = 0; i < vm.blocks.size(); i++) {
-        fs::path p = parked_block_path(vm.dir, i, vm.blocks[i].idstr);
-        std::ofstream(p).close();
-        fs::resize_file(p, vm.blocks[i].size);
-    }
-    auto back = parked_vm_read(vm.dir);
+    auto back = read_back_with_images(vm);
     REQUIRE(back.ok());
     CHECK(back->machine_type == vm.machine_type);
     REQUIRE(back->blocks.size() == 3);
