@@ -99,33 +99,32 @@ using nlohmann::json;
 // U+10FFFF): what a JSON string can carry.
 bool is_utf8(std::string_view s)
 {
-    size_t i = 0;
-    while (i < s.size()) {
+    for (size_t i = 0; i < s.size();) {
         auto c = static_cast<unsigned char>(s[i]);
-        size_t n = c < 0x80 ? 0 : c >= 0xc2 && c <= 0xdf ? 1 : (c & 0xf0) == 0xe0 ? 2
-                 : c >= 0xf0 && c <= 0xf4                 ? 3
-                                                          : 4;
-        if (n == 4 || s.size() - i <= n) {
-            if (n == 0) {
-                i++;
-                continue;
-            }
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t more = c >= 0xc2 && c <= 0xdf ? 1 : (c & 0xf0) == 0xe0 ? 2
+                      : c >= 0xf0 && c <= 0xf4                 ? 3
+                                                               : 0;
+        if (more == 0 || s.size() - i <= more) {
             return false;
         }
+        // The second byte's range rules out overlong forms, surrogates and
+        // code points past U+10FFFF.
         auto c1 = static_cast<unsigned char>(s[i + 1]);
-        bool lead_ok = (c == 0xe0 && c1 < 0xa0) || (c == 0xed && c1 > 0x9f) ||
-                               (c == 0xf0 && c1 < 0x90) || (c == 0xf4 && c1 > 0x8f)
-                           ? false
-                           : true;
-        for (size_t k = 1; k <= n; k++) {
+        unsigned lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80;
+        unsigned hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+        if (c1 < lo || c1 > hi) {
+            return false;
+        }
+        for (size_t k = 2; k <= more; k++) {
             if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) {
                 return false;
             }
         }
-        if (!lead_ok) {
-            return false;
-        }
-        i += n + 1;
+        i += more + 1;
     }
     return true;
 }

@@ -101,9 +101,10 @@ def park_stream(machine="pc-q35-10.0", blocks=(("pc.ram", 2 * PAGE),), rp=False,
     return s + (device_state if device_state is not None else wire.device_state())
 
 
-def fake_park(tag, d, stream, rp=False, caps=(), want="completed"):
+def fake_park(tag, d, stream, rp=False, caps=(), want="completed", inspect=None):
     """Feeds `stream` to a parking destination; returns (query-migrate, SHUT
-    value or None). Without a return path the source closes after it."""
+    value or None). Without a return path the source closes after it.
+    `inspect(dst)` runs at the end, before the destination quits."""
     dst = parking_dest(tag, d, caps)
     try:
         src = FakeSource(start_incoming(dst))
@@ -115,6 +116,8 @@ def fake_park(tag, d, stream, rp=False, caps=(), want="completed"):
                 src.sock.shutdown(socket.SHUT_WR)
                 value = None
             info = wait_status(dst, (want,), 20, fail_on=())
+            if inspect:
+                inspect(dst)
         finally:
             src.close()
         return info, value
@@ -150,8 +153,12 @@ def test_names_that_are_not_utf8_park_and_resume_byte_identical():
     ]
     for n, (machine, blocks) in enumerate(cases):
         d, relay = new_dir(f"names{n}"), new_dir(f"relay{n}")
-        info, _ = fake_park(f"names{n}", d, park_stream(machine, blocks))
+        hmp = {}
+        info, _ = fake_park(f"names{n}", d, park_stream(machine, blocks), inspect=lambda dst:
+                            hmp.update(text=dst.qmp.cmd("human-monitor-command",
+                                                        **{"command-line": "info migrate"})))
         check(info["status"] == "completed" and "parked" in info, info)
+        check("parked block:" in hmp["text"], hmp)
         want = (machine, [b if isinstance(b, bytes) else b.encode() for b, _ in blocks])
         check(names(record(d)) == want, (record(d), want))
         # The resume's stream carries the names back: parked again by a
@@ -201,12 +208,29 @@ def qemu_park(tag, d, caps, want="completed"):
 
 
 @test
-def test_qemu_source_with_a_return_path_parks():
+def test_sources_with_a_return_path_park():
+    """QEMU 10 with return-path, and with postcopy-ram that never switches;
+    a qmigd source (its device state and QEMU's description of it)."""
     for caps in (["return-path"], ["postcopy-ram"]):
         d = new_dir("rp-qemu")
         si, di = qemu_park("rp-" + caps[0], d, caps)
         check(si["status"] == "completed" and di["status"] == "completed", (caps, si, di))
         resume_to_qemu(d, "rp-resume")
+    d = new_dir("rp-qmigd")
+    src = Peer("qmigd", "source", [("mem", SRC_IMG, SIZE)], "rp-qmigd-src")
+    dst = parking_dest("rp-qmigd-park", d, ["return-path"])
+    try:
+        src.qmp.cmd("migrate-set-capabilities",
+                    capabilities=[{"capability": "return-path", "state": True}])
+        port = start_incoming(dst)
+        src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+        si = wait_status(src, ("completed",), 30)
+        wait_status(dst, ("completed",), 30)
+        check("return path: the destination says it is done" in src.log_text(), si)
+    finally:
+        src.stop()
+        dst.stop()
+    resume_to_qemu(d, "rp-qmigd-resume")
 
 
 @test

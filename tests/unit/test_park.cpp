@@ -449,17 +449,23 @@ TEST_CASE("a parked VM's record keeps any name QEMU sends, byte for byte", "[par
     CHECK(fs::is_empty(dir));
     vm.machine_type = std::string("pc-\xc3(", 5) + std::string(251, 'm');
     vm.blocks = {{std::string("pc.ram\xff\xfe", 8), 4096}, {"r\xc3\xa9m\n", 4096},
-                 {std::string(255, '\x80'), 4096}};
+                 {std::string(255, '\x80'), 4096}, {"\xed\xa0\x80", 4096}, // a surrogate
+                 {"\xc0\xaf", 4096}, {"\xf4\x90\x80\x80", 4096},           // overlong, > U+10FFFF
+                 {"\xf0\x9f\x98\x80", 4096}};
     REQUIRE(parked_vm_write(vm).ok());
     std::ifstream rec(dir / "vm.json");
     std::string text((std::istreambuf_iterator<char>(rec)), std::istreambuf_iterator<char>());
     CHECK(text.find("\"machine-type-hex\": \"70632dc328") != std::string::npos);
     CHECK(text.find("\"idstr\": \"r\xc3\xa9m\\n\"") != std::string::npos);
+    CHECK(text.find("\"idstr\": \"\xf0\x9f\x98\x80\"") != std::string::npos);
+    for (const char *hex : {"eda080", "c0af", "f4908080"}) {
+        CHECK(text.find(fmt::format("\"idstr-hex\": \"{}\"", hex)) != std::string::npos);
+    }
     auto back = read_back_with_images(vm);
     REQUIRE(back.ok());
     CHECK(back->machine_type == vm.machine_type);
-    REQUIRE(back->blocks.size() == 3);
-    for (size_t i = 0; i < 3; i++) {
+    REQUIRE(back->blocks.size() == vm.blocks.size());
+    for (size_t i = 0; i < vm.blocks.size(); i++) {
         CHECK(back->blocks[i].idstr == vm.blocks[i].idstr);
     }
     for (std::string bad : {R"("machine-type-hex": "7")", R"("machine-type-hex": "zz")",
