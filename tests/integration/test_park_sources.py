@@ -11,8 +11,9 @@ guests park in a second.
   - a directory on hugetlbfs is refused at start; a park that cannot be
     made durable answers SHUT(1), and a QEMU 10 source fails, never
     `completed`;
-  - an unterminated dirty-bitmap section fails the park at its cap with
-    the daemon's memory bounded while it fills;
+  - an unterminated dirty-bitmap section and an endless device state fail
+    the park at their caps, and a postcopy package holds only what came of
+    it: the daemon's memory is bounded while they fill;
   - a stream with no RAM block list is refused on every path (postcopy's
     package, precopy with an empty ram section), and the daemon parks again."""
 import json
@@ -271,25 +272,19 @@ def test_park_that_cannot_be_made_durable_is_never_completed():
     check(si["status"] == "failed" and di["status"] == "failed", (si, di))
 
 
-def bitmap_records():
-    """Dirty-bitmap BITS records of 10 KiB (QEMU's largest), never EOS."""
-    rec = bytes([0x40]) + wire.be64(0) + wire.be32(1) + wire.be64(10240) + bytes(10240)
-    return rec * 100  # ~1 MiB
-
-
-@test
-def test_unterminated_dirty_bitmap_section_is_bounded():
-    d = new_dir("bitmap")
-    dst = parking_dest("bitmap", d)
+def flood(tag, opening, chunk, total, caps=()):
+    """Sends `opening`, then `chunk` until `total` bytes went or the
+    destination closed, then closes; returns (query-migrate once failed,
+    the daemon's peak RSS growth, bytes sent)."""
+    d = new_dir(tag)
+    dst = parking_dest(tag, d, caps)
     try:
         base = int(proc_status(dst.proc.pid)["VmRSS"].split()[0]) << 10
         src = FakeSource(start_incoming(dst))
-        sent, chunk = 0, bitmap_records()
+        sent = 0
         try:
-            src.send(wire.header() + wire.config() + wire.start()
-                     + wire.mem_size([("mem", PAGE)]) + wire.flag(wire.EOS) + wire.footer()
-                     + wire.start("dirty-bitmap", sid=2, version=1))
-            while sent < 256 * MiB:
+            src.send(opening)
+            while sent < total:
                 src.send(chunk)
                 sent += len(chunk)
         except OSError:
@@ -298,12 +293,42 @@ def test_unterminated_dirty_bitmap_section_is_bounded():
             src.close()
         info = wait_status(dst, ("failed",), 20, fail_on=("completed",))
         peak = int(proc_status(dst.proc.pid)["VmHWM"].split()[0]) << 10
-        print(f"  sent {sent >> 20} MiB; peak RSS {peak >> 20} MiB over a start of {base >> 20} MiB")
-        check("dirty-bitmap section: more than" in info.get("error-desc", ""), info)
-        check(peak - base <= 96 * MiB, f"the daemon grew by {(peak - base) >> 20} MiB")
+        print(f"  {tag}: sent {sent >> 20} MiB; peak RSS {peak >> 20} MiB over a start of "
+              f"{base >> 20} MiB")
     finally:
         dst.stop()
     check(os.listdir(d) == [], os.listdir(d))
+    return info, peak - base, sent
+
+
+RAM_START = (wire.start() + wire.mem_size([("mem", PAGE)]) + wire.flag(wire.EOS)
+             + wire.footer())
+
+
+@test
+def test_buffers_filled_from_the_wire_are_bounded_while_they_fill():
+    """An unterminated dirty-bitmap section and a device state that never
+    ends fail at their 64 MiB caps, the daemon grown by about that; a
+    postcopy package announced at 60 MiB holds only what came of it."""
+    opening = wire.header() + wire.config() + RAM_START
+    # BITS records of 10 KiB (QEMU's largest chunk), never EOS.
+    bits = (bytes([0x40]) + wire.be64(0) + wire.be32(1) + wire.be64(10240) + bytes(10240)) * 100
+    info, grown, _ = flood("bitmap", opening + wire.start("dirty-bitmap", sid=2, version=1),
+                           bits, 256 * MiB)
+    check("dirty-bitmap section: more than" in info.get("error-desc", ""), info)
+    check(grown <= 96 * MiB, f"the daemon grew by {grown >> 20} MiB")
+    device = b"\x04" + wire.be32(9) + wire.cstr8("dev0") + wire.be32(0) + wire.be32(1)
+    info, grown, _ = flood("device", opening + wire.end() + wire.flag(wire.EOS) + wire.footer()
+                           + device, b"\x5a" * MiB, 256 * MiB)
+    check("more than 67108864 bytes" in info.get("error-desc", ""), info)
+    check(grown <= 96 * MiB, f"the daemon grew by {grown >> 20} MiB")
+    advise = wire.command(wire.POSTCOPY_ADVISE, wire.be64(PAGE) + wire.be64(PAGE))
+    package = wire.command(wire.PACKAGED, wire.be32(60 * MiB))
+    info, grown, sent = flood("package", wire.header() + wire.config() + advise + RAM_START
+                              + package, b"\x5a" * MiB, 8 * MiB, caps=["postcopy-ram"])
+    check("CMD_PACKAGED" in info.get("error-desc", ""), info)
+    check(grown <= 8 * MiB + 16 * MiB, f"{sent >> 20} MiB of a package grew the daemon by "
+                                       f"{grown >> 20} MiB")
 
 
 def postcopy_no_ram_stream():
