@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "daemon/service/sandbox.h"
+#include "protocol/wire.h"
 #include "monitor/hmp.h"
 
 namespace qmigd {
@@ -323,7 +324,8 @@ Status Daemon::open_ram()
             blocks_.push_back(std::move(*b));
         }
         spdlog::info("parked VM '{}' in {}: {} RAM blocks, {} bytes of device state",
-                     vm->machine_type, opts_.ram_dir, vm->blocks.size(), vm->device_state.size());
+                     wire_text(vm->machine_type), opts_.ram_dir, vm->blocks.size(),
+                     vm->device_state.size());
         opts_.machine_type = vm->machine_type;
         parked_ = std::make_shared<const ParkedVm>(std::move(*vm));
         return {};

@@ -182,7 +182,7 @@ Result<ParkedVm> IncomingMigration::park_finish(LoadvmResult &result)
     QMIGD_TRY(parked_vm_write(vm));
     spdlog::info("incoming migration: parked VM '{}' in {}: {} RAM blocks, {} bytes of device "
                  "state",
-                 vm.machine_type, vm.dir, vm.blocks.size(), vm.device_state.size());
+                 wire_text(vm.machine_type), vm.dir, vm.blocks.size(), vm.device_state.size());
     vm.device_state_bytes = vm.device_state.size();
     vm.device_state.clear(); // written; the loop keeps only the summary
     return vm;

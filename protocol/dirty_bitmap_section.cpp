@@ -22,14 +22,18 @@ enum : uint32_t {
 // CHUNK_SIZE x 10: the largest bits buffer QEMU takes.
 constexpr uint64_t kMaxBitsBuffer = 10 * 1024;
 
-// Reads through f, copying into keep as it goes.
+// Reads through f, copying into keep as it goes, while keep stays within
+// max bytes: what would not fit is read through and marked over().
 class Copier {
 public:
-    Copier(QEMUFileReader &f, std::vector<uint8_t> *keep) : f_(f), keep_(keep) {}
+    Copier(QEMUFileReader &f, std::vector<uint8_t> *keep, size_t max)
+        : f_(f), keep_(keep), max_(max)
+    {
+    }
     uint8_t u8()
     {
         uint8_t v = f_.get_byte();
-        if (keep_) {
+        if (fits(1)) {
             keep_->push_back(v);
         }
         return v;
@@ -39,7 +43,7 @@ public:
     uint64_t be64() { return uint64_t(be32()) << 32 | be32(); }
     void bytes(size_t n)
     {
-        if (!keep_) {
+        if (!fits(n)) {
             f_.skip(n);
             return;
         }
@@ -48,10 +52,29 @@ public:
         f_.get_buffer(keep_->data() + at, n);
     }
     bool failed() const { return f_.failed(); }
+    bool over() const { return over_; }
 
 private:
+    bool fits(size_t n)
+    {
+        if (!keep_ || over_) {
+            return false;
+        }
+        over_ = keep_->size() > max_ || n > max_ - keep_->size();
+        if (!over_ && keep_->size() + n > kReserveAt && keep_->capacity() < max_) {
+            // Past 1 MiB (a few disks' bitmaps are KiB), room for the most
+            // it may keep, once: reserved address space costs no memory
+            // until written, and no doubling leaves copies in the heap.
+            keep_->reserve(max_);
+        }
+        return !over_;
+    }
+
+    static constexpr size_t kReserveAt = 1 << 20;
     QEMUFileReader &f_;
     std::vector<uint8_t> *keep_;
+    size_t max_;
+    bool over_ = false;
 };
 
 // qemu_get_bitmap_flags(): 8, 16 or 32 bits.
@@ -69,9 +92,9 @@ uint32_t get_flags(Copier &c)
 
 } // namespace
 
-Status dirty_bitmap_section_read(QEMUFileReader &f, std::vector<uint8_t> *keep)
+Status dirty_bitmap_section_read(QEMUFileReader &f, std::vector<uint8_t> *keep, size_t max_keep)
 {
-    Copier c(f, keep);
+    Copier c(f, keep, max_keep);
     for (;;) {
         uint32_t flags = get_flags(c);
         if (flags & FLAG_DEVICE_NAME) {
@@ -106,6 +129,12 @@ Status dirty_bitmap_section_read(QEMUFileReader &f, std::vector<uint8_t> *keep)
         }
         if (flags & FLAG_EOS) {
             return {};
+        }
+        // Checked as it fills, not at the end: a section that never ends
+        // must not grow us with the stream.
+        if (c.over()) {
+            return Error(fmt::format("dirty-bitmap section: more than {} bytes to keep",
+                                     max_keep));
         }
     }
     return Error(f.error()).prepend("dirty-bitmap section: ");

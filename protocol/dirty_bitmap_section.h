@@ -27,7 +27,9 @@ constexpr uint32_t DIRTY_BITMAP_SECTION_VERSION = 1;
 
 // Reads one section body to its EOS with QEMU's bounds (a bits chunk of at
 // most 10 KiB, no reserved start flags); appends what it read to `keep`
-// when given. Errors in QEMU's words.
-Status dirty_bitmap_section_read(QEMUFileReader &f, std::vector<uint8_t> *keep);
+// when given, failing as soon as it would hold more than max_keep bytes.
+// Errors in QEMU's words.
+Status dirty_bitmap_section_read(QEMUFileReader &f, std::vector<uint8_t> *keep,
+                                 size_t max_keep = 0);
 
 } // namespace qmigd

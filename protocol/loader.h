@@ -85,6 +85,7 @@ private:
     Status globalstate_load();
     Status skip_vmdesc();
     Status park_mem_size(uint64_t total);
+    Status park_check_ram();
     Status park_device_state();
     Status fail(std::string msg) { return Error(std::move(msg)); }
     Status stream_status() { return f_->status(); }

@@ -42,8 +42,12 @@ Status Loader::load_configuration()
     }
     uint32_t len = f_->get_be32();
     QMIGD_TRY(stream_status());
-    if (len > 256) {
+    if (len > kMaxMachineTypeName) {
         return fail(fmt::format("Machine type name too long ({} bytes)", len));
+    }
+    if (cfg_.park && len == 0) {
+        // A QEMU source always names its machine; a resume must name it.
+        return fail("the stream names no machine type: qmigd cannot park this VM");
     }
     std::string name(len, '\0');
     f_->get_buffer(name.data(), len);
@@ -223,7 +227,11 @@ Status Loader::load_iterable(uint8_t type, uint32_t id, const SectionInfo &s,
     } else {
         savevm_put_section_continue(w, type, id);
     }
-    QMIGD_TRY(dirty_bitmap_section_read(*f_, cfg_.park ? &section : nullptr));
+    // The most this section may hold: the cap on them all, less what is
+    // kept already, its length word and its footer.
+    size_t kept = result_.iterable_state.size() + 4 + 5;
+    size_t room = kept < kMaxIterableState ? kMaxIterableState - kept : 0;
+    QMIGD_TRY(dirty_bitmap_section_read(*f_, cfg_.park ? &section : nullptr, room));
     QMIGD_TRY(check_footer(id, s));
     if (cfg_.park) {
         savevm_put_footer(w, id);
@@ -300,14 +308,29 @@ Status Loader::skip_vmdesc()
     return stream_status();
 }
 
-// Park mode, at the first device section after RAM: the rest of the stream.
+// Park mode, where the device state begins (precopy's first device
+// section, postcopy's package): a VM is whole only with its RAM.
+Status Loader::park_check_ram()
+{
+    if (blocks_.empty()) {
+        return fail("the stream sent no RAM block list: qmigd cannot park this VM");
+    }
+    return {};
+}
+
+// Park mode, at the first device section after RAM: the rest of the
+// stream, up to its end or to the end of a whole record (a source with a
+// return path waits for our SHUT before it closes).
 Status Loader::park_device_state()
 {
     if (!ram_ended_) {
         return fail("a device section came before the end of RAM: qmigd cannot park this VM "
                     "(device state has no length on the wire)");
     }
-    f_->read_to_end(result_.device_state, kMaxDeviceState);
+    QMIGD_TRY(park_check_ram());
+    DeviceStateEnd end;
+    f_->read_to_end(result_.device_state, kMaxDeviceState,
+                    [&end](std::span<const uint8_t> ds) { return end.whole(ds); });
     if (f_->failed()) {
         return Error(f_->error()).prepend("device state: ");
     }

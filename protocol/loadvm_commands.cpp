@@ -7,6 +7,7 @@
 // the stream ends with EOF. Discarded pages are sent again, so the stale
 // copy is simply overwritten. What postcopy does change is where the
 // device state is: in the package, with its length, before RAM ends.
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -30,11 +31,6 @@ constexpr MessageArgs kCommands[MIG_CMD_MAX] = {
 constexpr uint8_t kListen[] = {QEMU_VM_COMMAND, 0, MIG_CMD_POSTCOPY_LISTEN, 0, 0};
 constexpr uint8_t kRun[] = {QEMU_VM_COMMAND, 0, MIG_CMD_POSTCOPY_RUN, 0, 0};
 constexpr size_t kPingSize = 9; // COMMAND, be16 PING, be16 4, be32 value
-
-// The VM description a parked VM keeps when its device state came in a
-// postcopy package, which has none (destinations read and discard it).
-constexpr std::string_view kPackagedVmDescription =
-    R"({"page_size": 4096, "devices": [], "note": "device state of a postcopy package"})";
 
 } // namespace
 
@@ -223,8 +219,16 @@ Status Loader::load_packaged()
     if (length > kMaxDeviceState) {
         return fail(fmt::format("Unreasonably large packaged state: {}", length));
     }
-    std::vector<uint8_t> package(length);
-    f_->get_buffer(package.data(), length);
+    // Filled as the bytes come: a peer that announces 64 MiB and stalls
+    // holds only the pages it sent (reserved memory is not touched).
+    constexpr size_t kChunk = 1 << 20;
+    std::vector<uint8_t> package;
+    package.reserve(length);
+    while (package.size() < length && !f_->failed()) {
+        size_t at = package.size();
+        package.resize(at + std::min<size_t>(kChunk, length - at));
+        f_->get_buffer(package.data() + at, package.size() - at);
+    }
     if (f_->failed()) {
         return Error(f_->error()).prepend("CMD_PACKAGED: Buffer receive fail: ");
     }
@@ -268,6 +272,7 @@ Status Loader::load_package(QEMUFileReader &pf)
 // puts before RUN -- and what lies between is kept as the device state.
 Status Loader::park_package(const std::vector<uint8_t> &package)
 {
+    QMIGD_TRY(park_check_ram());
     const size_t n = package.size();
     if (n < sizeof(kListen) + sizeof(kRun) ||
         std::memcmp(package.data(), kListen, sizeof(kListen)) != 0 ||
@@ -301,10 +306,13 @@ Status Loader::park_package(const std::vector<uint8_t> &package)
     std::vector<uint8_t> &ds = result_.device_state;
     ds.assign(sections, sections + sections_len);
     ByteWriter w(ds);
+    // The package has no VM description (destinations read and discard
+    // it): the record gets one of qmigd's that says where its sections end.
+    std::string vmdesc = device_state_packaged_vmdesc(sections_len);
     w.u8(QEMU_VM_EOF);
     w.u8(QEMU_VM_VMDESCRIPTION);
-    w.be32(uint32_t(kPackagedVmDescription.size()));
-    w.bytes(kPackagedVmDescription.data(), kPackagedVmDescription.size());
+    w.be32(uint32_t(vmdesc.size()));
+    w.bytes(vmdesc.data(), vmdesc.size());
     return device_state_check(ds).status();
 }
 

@@ -9,6 +9,10 @@
 
 namespace qmigd {
 
+namespace {
+constexpr size_t kReserveAt = 1 << 20;
+} // namespace
+
 QEMUFileReader::QEMUFileReader(InputStream &in, size_t buffer_size)
     : in_(in), buf_(new uint8_t[buffer_size]), cap_(buffer_size)
 {
@@ -136,7 +140,8 @@ int QEMUFileReader::peek_byte()
     return buf_[head_];
 }
 
-void QEMUFileReader::read_to_end(std::vector<uint8_t> &out, size_t max)
+void QEMUFileReader::read_to_end(std::vector<uint8_t> &out, size_t max,
+                                 const std::function<bool(std::span<const uint8_t>)> &whole)
 {
     size_t start = out.size();
     for (;;) {
@@ -148,9 +153,18 @@ void QEMUFileReader::read_to_end(std::vector<uint8_t> &out, size_t max)
             set_error(fmt::format("more than {} bytes left in the stream", max));
             return;
         }
+        if (out.size() - start + have > kReserveAt && out.capacity() < start + max) {
+            // Past 1 MiB, room for the most it may take, once: reserved
+            // address space costs nothing until written, and no doubling
+            // leaves copies in the heap.
+            out.reserve(start + max);
+        }
         out.insert(out.end(), buf_.get() + head_, buf_.get() + tail_);
         pos_ += have;
         head_ = tail_ = 0;
+        if (have && whole && whole(std::span<const uint8_t>(out).subspan(start))) {
+            return;
+        }
         if (eof_ || !fill(1)) {
             return; // fill() at the end of stream leaves no error
         }

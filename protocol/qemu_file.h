@@ -7,7 +7,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <optional>
 #include <string>
 #include <sys/types.h>
@@ -54,7 +56,11 @@ public:
     int peek_byte();
     // Everything left until the end of the stream, appended to out; fails
     // once more than max bytes are left (a parked VM's device state).
-    void read_to_end(std::vector<uint8_t> &out, size_t max);
+    // With `whole`, asked after each read what out holds: reading stops
+    // once it says the bytes so far are whole (a peer that waits for our
+    // answer before it ends the stream).
+    void read_to_end(std::vector<uint8_t> &out, size_t max,
+                     const std::function<bool(std::span<const uint8_t>)> &whole = {});
 
     bool failed() const { return err_.has_value(); }
     const Error &error() const { return *err_; }

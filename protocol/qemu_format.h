@@ -88,6 +88,9 @@ constexpr uint32_t MULTIFD_FLAG_QPL = 4u << 1;
 constexpr uint32_t MULTIFD_FLAG_UADK = 8u << 1;
 constexpr uint32_t MULTIFD_FLAG_QATZIP = 16u << 1;
 constexpr uint32_t MULTIFD_FLAG_DEVICE_STATE = 1u << 6;
+// The configuration section's machine type: qmigd's bound (QEMU has none;
+// machine names are a few dozen bytes).
+constexpr size_t kMaxMachineTypeName = 256;
 constexpr size_t MULTIFD_INIT_SIZE = 64;
 constexpr uint32_t MULTIFD_PACKET_PAGES = 128; // 512 KiB / TARGET_PAGE_SIZE
 constexpr size_t MULTIFD_RAMBLOCK_NAME_SIZE = 256;

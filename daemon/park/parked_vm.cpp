@@ -95,6 +95,88 @@ Result<std::string> read_file(const std::string &path, size_t max)
 
 using nlohmann::json;
 
+// UTF-8 as RFC 3629 has it (no overlong forms, no surrogates, at most
+// U+10FFFF): what a JSON string can carry.
+bool is_utf8(std::string_view s)
+{
+    for (size_t i = 0; i < s.size();) {
+        auto c = static_cast<unsigned char>(s[i]);
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t more = c >= 0xc2 && c <= 0xdf ? 1 : (c & 0xf0) == 0xe0 ? 2
+                      : c >= 0xf0 && c <= 0xf4                 ? 3
+                                                               : 0;
+        if (more == 0 || s.size() - i <= more) {
+            return false;
+        }
+        // The second byte's range rules out overlong forms, surrogates and
+        // code points past U+10FFFF.
+        auto c1 = static_cast<unsigned char>(s[i + 1]);
+        unsigned lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80;
+        unsigned hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+        if (c1 < lo || c1 > hi) {
+            return false;
+        }
+        for (size_t k = 2; k <= more; k++) {
+            if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) {
+                return false;
+            }
+        }
+        i += more + 1;
+    }
+    return true;
+}
+
+// A name from the stream (machine type, block idstr) as the record keeps
+// it: a JSON string when it is UTF-8, else its bytes in hex under KEY-hex.
+// QEMU's names are bytes, JSON's strings text: either way the resume sends
+// back the very bytes that came.
+void put_name(json &j, const std::string &key, const std::string &name)
+{
+    if (is_utf8(name)) {
+        j[key] = name;
+        return;
+    }
+    static const char hex[] = "0123456789abcdef";
+    std::string h;
+    for (unsigned char c : name) {
+        h += hex[c >> 4];
+        h += hex[c & 15];
+    }
+    j[key + "-hex"] = h;
+}
+
+// The name under KEY or KEY-hex (exactly one of them); nullopt otherwise.
+std::optional<std::string> get_name(const json &j, const std::string &key)
+{
+    bool text = j.contains(key), hex = j.contains(key + "-hex");
+    if (text == hex) {
+        return std::nullopt;
+    }
+    if (text) {
+        return j[key].is_string() ? std::optional(j[key].get<std::string>()) : std::nullopt;
+    }
+    const json &h = j[key + "-hex"];
+    if (!h.is_string() || h.get_ref<const std::string &>().size() % 2) {
+        return std::nullopt;
+    }
+    std::string out;
+    const std::string &t = h.get_ref<const std::string &>();
+    for (size_t i = 0; i < t.size(); i += 2) {
+        auto nibble = [](char c) {
+            return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        };
+        int hi = nibble(t[i]), lo = nibble(t[i + 1]);
+        if (hi < 0 || lo < 0) {
+            return std::nullopt;
+        }
+        out += char(hi << 4 | lo);
+    }
+    return out;
+}
+
 // The record's members, each of the type it must have.
 Result<ParkedVm> parse_members(const std::string &dir, const json &j)
 {
@@ -102,8 +184,9 @@ Result<ParkedVm> parse_members(const std::string &dir, const json &j)
         return Error(fmt::format("'{}': {}", record_path(dir), what));
     };
     auto is_uint = [](const json &v) { return v.is_number_unsigned(); };
-    if (!j.contains("machine-type") || !j["machine-type"].is_string()) {
-        return bad("'machine-type' must be a string");
+    auto machine = get_name(j, "machine-type");
+    if (!machine) {
+        return bad("'machine-type' must be a string (or 'machine-type-hex' its bytes in hex)");
     }
     if (!j.contains("ram-section-id") || !is_uint(j["ram-section-id"]) ||
         j["ram-section-id"].get<uint64_t>() > UINT32_MAX) {
@@ -114,7 +197,7 @@ Result<ParkedVm> parse_members(const std::string &dir, const json &j)
     }
     ParkedVm vm;
     vm.dir = dir;
-    vm.machine_type = j["machine-type"];
+    vm.machine_type = *machine;
     vm.ram_section_id = j["ram-section-id"].get<uint32_t>();
     if (j.contains("uuid")) {
         Uuid u;
@@ -124,11 +207,12 @@ Result<ParkedVm> parse_members(const std::string &dir, const json &j)
         vm.uuid = u;
     }
     for (const json &b : j["blocks"]) {
-        if (!b.is_object() || !b.contains("idstr") || !b["idstr"].is_string() ||
-            !b.contains("size") || !is_uint(b["size"])) {
-            return bad("each block needs 'idstr' (a string) and 'size' (a number)");
+        auto idstr = b.is_object() ? get_name(b, "idstr") : std::nullopt;
+        if (!idstr || !b.contains("size") || !is_uint(b["size"])) {
+            return bad("each block needs 'idstr' (a string, or 'idstr-hex' its bytes in hex) "
+                       "and 'size' (a number)");
         }
-        const std::string &id = b["idstr"].get_ref<const std::string &>();
+        const std::string &id = *idstr;
         uint64_t size = b["size"];
         if (id.empty() || id.size() > 255 || size == 0 || size % TARGET_PAGE_SIZE) {
             return bad("a block's idstr must have 1 to 255 bytes and its size be whole pages");
@@ -165,7 +249,8 @@ Result<ParkedVm> parse_record(const std::string &dir, const std::string &text)
     }
     auto vm = parse_members(dir, j);
     QMIGD_TRY(vm);
-    if (vm->blocks.empty() || vm->machine_type.empty() || vm->machine_type.size() > 255) {
+    if (vm->blocks.empty() || vm->machine_type.empty() ||
+        vm->machine_type.size() > kMaxMachineTypeName) {
         return Error(fmt::format("'{}' names no RAM block or no machine type",
                                  record_path(dir)));
     }
@@ -197,6 +282,24 @@ std::string parked_block_path(const std::string &dir, size_t index, const std::s
     return dir + "/" + parked_block_file(index, idstr);
 }
 
+// Writes, syncs, renames and removes a page-sized file the way a park
+// writes its small files, before any VM is taken: a file system that
+// refuses them (hugetlbfs has no write()) must say so now, not after the
+// whole transfer, when the source may have let its VM go.
+static Status park_dir_probe(const std::string &dir)
+{
+    const std::string path = dir + "/.qmigd-write-check";
+    std::vector<uint8_t> page(TARGET_PAGE_SIZE, 0x5a);
+    Status st = write_file(path, page.data(), page.size());
+    ::unlink(path.c_str());
+    if (!st) {
+        return Error(st.error()).prepend(
+            fmt::format("'{}' cannot hold a parked VM (its files are written with write()): ",
+                        dir));
+    }
+    return parked_dir_sync(dir);
+}
+
 Status park_dir_check(const std::string &dir)
 {
     struct stat st;
@@ -217,7 +320,7 @@ Status park_dir_check(const std::string &dir)
     if (::lstat(record_path(dir).c_str(), &st) == 0) {
         return Error(fmt::format("'{}' already holds a parked VM", dir));
     }
-    return {};
+    return park_dir_probe(dir);
 }
 
 Status parked_dir_sync(const std::string &dir)
@@ -232,22 +335,15 @@ Status parked_dir_sync(const std::string &dir)
     return rc == 0 ? Status() : Status(file_error("Could not sync", dir, err));
 }
 
-Status parked_vm_write(const ParkedVm &vm)
+namespace {
+
+std::string record_text(const ParkedVm &vm)
 {
-    if (!vm.iterable_state.empty()) {
-        QMIGD_TRY(write_file(iterable_state_path(vm.dir), vm.iterable_state.data(),
-                             vm.iterable_state.size()));
-    }
-    QMIGD_TRY(write_file(device_state_path(vm.dir), vm.device_state.data(),
-                         vm.device_state.size()));
-    // The images' and the device state's names are durable before the
-    // record that points at them can be.
-    QMIGD_TRY(parked_dir_sync(vm.dir));
     nlohmann::json j = {{"format", kFormat},
                         {"version", kVersion},
-                        {"machine-type", vm.machine_type},
                         {"ram-section-id", vm.ram_section_id},
                         {"device-state-bytes", vm.device_state.size()}};
+    put_name(j, "machine-type", vm.machine_type);
     if (vm.uuid) {
         j["uuid"] = uuid_to_string(*vm.uuid);
     }
@@ -257,14 +353,52 @@ Status parked_vm_write(const ParkedVm &vm)
     j["blocks"] = nlohmann::json::array();
     for (size_t i = 0; i < vm.blocks.size(); i++) {
         const ParkedBlock &b = vm.blocks[i];
-        j["blocks"].push_back({{"idstr", b.idstr},
-                               {"size", b.size},
-                               {"file", parked_block_file(i, b.idstr)}});
+        json block = {{"size", b.size}, {"file", parked_block_file(i, b.idstr)}};
+        put_name(block, "idstr", b.idstr);
+        j["blocks"].push_back(std::move(block));
     }
-    std::string text = j.dump(1) + "\n";
+    // put_name() left only UTF-8 in it: replace never has to act.
+    return j.dump(1, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
+bool same_record(const ParkedVm &a, const ParkedVm &b)
+{
+    if (a.machine_type != b.machine_type || a.blocks.size() != b.blocks.size()) {
+        return false;
+    }
+    for (size_t i = 0; i < a.blocks.size(); i++) {
+        if (a.blocks[i].idstr != b.blocks[i].idstr || a.blocks[i].size != b.blocks[i].size) {
+            return false;
+        }
+    }
+    return true;
+}
+
+} // namespace
+
+Status parked_vm_write(const ParkedVm &vm)
+{
+    // The writer keeps to what the reader takes: a record it would refuse
+    // (no blocks, a name it cannot hold) is never published.
+    std::string text = record_text(vm);
+    if (auto back = parse_record(vm.dir, text); !back || !same_record(*back, vm)) {
+        return Error(fmt::format("qmigd cannot keep this VM in '{}': {}", vm.dir,
+                                 back ? "its record does not read back the same"
+                                      : back.error().message()));
+    }
+    if (!vm.iterable_state.empty()) {
+        QMIGD_TRY(write_file(iterable_state_path(vm.dir), vm.iterable_state.data(),
+                             vm.iterable_state.size()));
+    }
+    QMIGD_TRY(write_file(device_state_path(vm.dir), vm.device_state.data(),
+                         vm.device_state.size()));
+    // The images' and the device state's names are durable before the
+    // record that points at them can be.
+    QMIGD_TRY(parked_dir_sync(vm.dir));
     QMIGD_TRY(write_file(record_path(vm.dir), text.data(), text.size()));
     return parked_dir_sync(vm.dir);
 }
+
 
 // iterable-state.bin, when the record names one: of the size it says, and
 // whole sections only.

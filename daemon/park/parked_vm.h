@@ -3,6 +3,7 @@
 //
 //   DIR/vm.json            the record: machine type, the ram section's id,
 //                          the blocks in the order the source announced them
+//                          (a name that is not UTF-8 as KEY-hex: its bytes)
 //   DIR/NN-IDSTR.img       one RAM image per block (its bytes as QEMU maps
 //                          them), IDSTR with anything but [A-Za-z0-9._-] as _
 //   DIR/device-state.bin   every device section, QEMU_VM_EOF and the VM
@@ -54,10 +55,13 @@ struct ParkedVm {
 std::string parked_block_file(size_t index, const std::string &idstr);
 std::string parked_block_path(const std::string &dir, size_t index, const std::string &idstr);
 // Where a VM may be parked: a directory with no parked VM in it, created
-// (0700) when it does not exist yet.
+// (0700) when it does not exist yet, where a file can be written, synced
+// and renamed as a park writes its own (hugetlbfs cannot).
 Status park_dir_check(const std::string &dir);
 // Writes device-state.bin, then vm.json, each synced before its rename,
 // syncing the directory after each. The images are in place and synced.
+// Refuses, before writing anything, a VM whose record would not read back
+// as it is (parked_vm_read() is the judge).
 Status parked_vm_write(const ParkedVm &vm);
 // fsync of the directory itself: the names in it are durable.
 Status parked_dir_sync(const std::string &dir);

@@ -173,7 +173,8 @@ class Peer:
                                  f"log {self.log_path}")
 
     def log_text(self):
-        with open(self.log_path) as f:
+        # A log may hold a peer's bytes that are not UTF-8 (block names).
+        with open(self.log_path, errors="replace") as f:
             return f.read()
 
 

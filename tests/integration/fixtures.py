@@ -181,3 +181,21 @@ class NotifySocket:
         self.sock.close()
         if not self.address.startswith("\0"):
             os.unlink(self.path)
+
+
+def resume_parked_to_qemu(directory, tag, want_img, work):
+    """qmigd source --ram-dir directory -> a QEMU -M none destination (one
+    block "mem" of want_img's size, its RAM in `work`): both complete and
+    the RAM is want_img's."""
+    size = os.path.getsize(want_img)
+    img = os.path.join(work, unique_name(tag) + ".ram")
+    src = Peer("qmigd", "source", [], tag + "-src", extra=["--ram-dir", directory])
+    dst = Peer("qemu", "dest", [("mem", img, size)], tag + "-dst")
+    try:
+        si, di, _ = migrate(src, dst, False, 1, "legacy")
+        check(si["status"] == "completed" and di["status"] == "completed", (si, di))
+        check(files_equal(want_img, img), "the resumed RAM differs")
+    finally:
+        src.stop()
+        dst.stop()
+        remove(img)

@@ -5,8 +5,9 @@ to a qmigd destination that parks it in a directory (no QEMU on that side);
 the first QEMU goes; qmigd later migrates the parked VM to a new QEMU 10,
 where the guest counts on without a reboot and re-verifies the checksum of
 memory it filled before the first migration. Also: a parked VM resumed
-twice (a checkpoint), parked VMs relayed qmigd -> qmigd, and broken
-directories and streams refused, the directory untouched.
+twice (a checkpoint), parked VMs relayed qmigd -> qmigd (both parks with
+a return path: the source waits for SHUT before it closes the stream), and
+broken directories and streams refused, the directory untouched.
 
 KVM where a guest comes up under it, TCG otherwise; skipped, saying why,
 where no kernel or busybox is installed or no guest boots within 120 s.
@@ -54,6 +55,12 @@ def resume_peer(tag, directory):
     return Peer("qmigd", "source", [], tag, extra=["--ram-dir", directory])
 
 
+def with_return_path(*peers):
+    for p in peers:
+        p.qmp.cmd("migrate-set-capabilities",
+                  capabilities=[{"capability": "return-path", "state": True}])
+
+
 def stop_all(*peers):
     for p in peers:
         if p:
@@ -94,6 +101,9 @@ def parked_vm():
             skip(str(why))
         d = new_dir("vm")
         park = park_peer("park-dst", d)
+        # With a return path: the source waits for SHUT before it closes, so
+        # the park must find the end of a q35 device state by itself.
+        with_return_path(guest, park)
         si, di, secs = migrate(guest, park, True, 4, "multifd")
         check(si["status"] == "completed" and di["status"] == "completed", (si, di))
         parked = di["parked"]
@@ -234,6 +244,7 @@ def test_park_relayed_qmigd_to_qmigd():
     try:
         src = resume_peer("relay-src", d)
         dst = park_peer("relay-dst", d2)
+        with_return_path(src, dst)
         si, di, _ = migrate(src, dst, True, 2, "multifd")
         check(si["status"] == "completed" and di["status"] == "completed", (si, di))
     finally:

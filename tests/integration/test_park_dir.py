@@ -22,6 +22,7 @@ import tempfile
 import time
 
 from itest import test, main, check, skip
+from fixtures import resume_parked_to_qemu
 from runner import (Peer, migrate, wait_status, start_incoming, unique_name, make_image,
                     files_equal, remove, QMIGD, log_file)
 
@@ -105,18 +106,7 @@ def edit_record(tag, fn):
 
 
 def resume_to_qemu(directory, tag):
-    """qmigd --ram-dir directory -> a QEMU -M none destination; compares RAM."""
-    img = os.path.join(WORK, unique_name(tag) + ".ram")
-    src = Peer("qmigd", "source", [], tag + "-src", extra=["--ram-dir", directory])
-    dst = qemu_guest(tag + "-dst", path=img, role="dest")
-    try:
-        si, di, secs = migrate(src, dst, False, 1, "legacy")
-        check(si["status"] == "completed" and di["status"] == "completed", (si, di))
-        check(files_equal(SRC_IMG, img), "the resumed RAM differs")
-    finally:
-        src.stop()
-        dst.stop()
-        remove(img)
+    resume_parked_to_qemu(directory, tag, SRC_IMG, WORK)
 
 
 @test

@@ -1,6 +1,7 @@
 """Builds QEMU migration-stream bytes for tests, independently of
 protocol/ (from ../shared/docs/qemu-wire-format.md), so the daemon can be
 fed streams that are broken in precise ways."""
+import json
 import struct
 
 PAGE = 4096
@@ -15,8 +16,12 @@ def be64(v):
     return struct.pack(">Q", v)
 
 
+def _bytes(s):
+    return s if isinstance(s, bytes) else s.encode()
+
+
 def cstr8(s):
-    b = s.encode()
+    b = _bytes(s)
     return bytes([len(b)]) + b
 
 
@@ -25,7 +30,38 @@ def header(magic=0x5145564D, version=3):
 
 
 def config(machine="none"):
-    return b"\x07" + be32(len(machine)) + machine.encode()
+    m = _bytes(machine)
+    return b"\x07" + be32(len(m)) + m
+
+
+def command(cmd, payload=b""):
+    return b"\x08" + struct.pack(">HH", cmd, len(payload)) + payload
+
+
+OPEN_RETURN_PATH, PING, POSTCOPY_ADVISE, POSTCOPY_LISTEN, POSTCOPY_RUN, PACKAGED = 1, 2, 3, 4, 5, 7
+
+
+DEVICES = (("dev0", 0, b"\x01\x02\x03\x04"),)
+
+
+def device_sections(devices=DEVICES, first_id=10):
+    """FULL device sections with their footers, and their descriptions as
+    QEMU's VM description gives them (one field per body)."""
+    out, desc = b"", []
+    for i, (name, instance, body) in enumerate(devices):
+        sid = first_id + i
+        out += b"\x04" + be32(sid) + cstr8(name) + be32(instance) + be32(1) + body + footer(sid)
+        desc.append({"name": name, "instance_id": instance, "vmsd_name": name, "version": 1,
+                     "fields": [{"name": "data", "type": "buffer", "size": len(body)}]})
+    return out, desc
+
+
+def device_state(devices=DEVICES, first_id=10):
+    """What follows RAM in a precopy stream: the device sections,
+    QEMU_VM_EOF and a VM description that describes them."""
+    out, desc = device_sections(devices, first_id)
+    vmdesc = json.dumps({"page_size": PAGE, "devices": desc}).encode()
+    return out + b"\x00\x06" + be32(len(vmdesc)) + vmdesc
 
 
 def start(idstr="ram", sid=1, version=4):
