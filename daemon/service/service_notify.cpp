@@ -47,7 +47,7 @@ std::unique_ptr<ServiceNotifier> ServiceNotifier::from_environment()
     if (address[0] == '@') {
         address[0] = '\0';
     }
-    int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
         spdlog::warn("NOTIFY_SOCKET: socket: {}", std::strerror(errno));
         return nullptr;
@@ -64,7 +64,9 @@ void ServiceNotifier::send(const std::string &state)
     std::memcpy(sa.sun_path, address_.data(), address_.size());
     socklen_t len = socklen_t(offsetof(sockaddr_un, sun_path) + address_.size() +
                               (address_[0] == '\0' ? 0 : 1));
-    if (::sendto(fd_, state.data(), state.size(), MSG_NOSIGNAL,
+    // Never waits: a manager whose queue is full (512 datagrams unread)
+    // must not stop the loop that sends (its pings are dropped instead).
+    if (::sendto(fd_, state.data(), state.size(), MSG_NOSIGNAL | MSG_DONTWAIT,
                  reinterpret_cast<const sockaddr *>(&sa), len) < 0) {
         spdlog::debug("NOTIFY_SOCKET: {}", std::strerror(errno));
     }

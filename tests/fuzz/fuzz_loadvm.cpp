@@ -11,6 +11,7 @@
 #include "protocol/iterable_state.h"
 #include "protocol/loadvm.h"
 #include "protocol/multifd_packet.h"
+#include "park_ram.h"
 
 using namespace qmigd;
 
@@ -67,48 +68,6 @@ struct BoundedRam : LoadvmHandler {
         if (h.pages_offset + kBlockSize > file_size ||
             h.bitmap_offset + mapped_ram_bitmap_size(kBlockSize / TARGET_PAGE_SIZE) > file_size) {
             __builtin_trap(); // the check let a region outside the file through
-        }
-        return {};
-    }
-};
-
-// Park mode: blocks come from the stream; pages must lie inside them.
-struct ParkRam : LoadvmHandler {
-    std::vector<RamBlockDesc> blocks;
-    Status put_page(size_t block, uint64_t offset, const uint8_t *) override
-    {
-        return check(block, offset);
-    }
-    Status zero_page(size_t block, uint64_t offset) override { return check(block, offset); }
-    Status read_page(size_t block, uint64_t offset, uint8_t *out) override
-    {
-        std::memset(out, 0, TARGET_PAGE_SIZE);
-        return check(block, offset);
-    }
-    Status multifd_flush() override { return {}; }
-    Status open_return_path() override { return {}; }
-    Status ping(uint32_t) override { return {}; }
-    Status discard_range(size_t block, uint64_t start, uint64_t length) override
-    {
-        if (block >= blocks.size() || start % TARGET_PAGE_SIZE || length % TARGET_PAGE_SIZE ||
-            start > blocks[block].used_length || length > blocks[block].used_length - start) {
-            __builtin_trap();
-        }
-        return {};
-    }
-    Status announce_blocks(const std::vector<RamBlockDesc> &b) override
-    {
-        if (!blocks.empty() || b.empty()) {
-            __builtin_trap(); // announced twice, or nothing
-        }
-        blocks = b;
-        return {};
-    }
-    Status check(size_t block, uint64_t offset)
-    {
-        if (block >= blocks.size() || offset % TARGET_PAGE_SIZE ||
-            offset + TARGET_PAGE_SIZE > blocks[block].used_length) {
-            __builtin_trap();
         }
         return {};
     }
