@@ -99,6 +99,11 @@ class LoopWatch:
         return max(gaps) if gaps else None
 
 
+def _ending(gap, until):
+    """How the message names a gap's end: the daemon's exit ends the last."""
+    return " (when it ended: quit or a signal took that long)" if gap[2] == until else ""
+
+
 def _stamp(t):
     return datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S.%f")[:-3]
 
@@ -131,11 +136,12 @@ def log_window(text, start, end, limit=40):
     return "\n".join("    " + l for l in window) or "    (no log lines then)"
 
 
-def stall_message(who, gap, log_path, log_text):
+def stall_message(who, gap, until, log_path, log_text):
     secs, start, end = gap
     return (f"{who}: its loop thread was silent for {secs:.2f} s (no WATCHDOG=1, one due "
-            f"every {WATCHDOG_USEC / 2e6:.2f} s), from {_stamp(start)} to {_stamp(end)}; "
-            f"its log {log_path} then:\n{log_window(log_text, start, end)}")
+            f"every {WATCHDOG_USEC / 2e6:.2f} s), from {_stamp(start)} to {_stamp(end)}"
+            f"{_ending(gap, until)}; its log {log_path} then:\n"
+            f"{log_window(log_text, start, end)}")
 
 
 def record(log_dir, who, gap, pings):

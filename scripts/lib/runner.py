@@ -182,7 +182,7 @@ class Peer:
         loop_watch.record(LOG_DIR, f"qmigd {self.role} {os.path.basename(self.log_path)}", gap,
                           len(watch.pings))
         if gap and gap[0] > loop_watch.STALL_LIMIT:
-            return loop_watch.stall_message(f"qmigd {self.role}", gap, self.log_path,
+            return loop_watch.stall_message(f"qmigd {self.role}", gap, until, self.log_path,
                                             self.log_text())
         return None
 
