@@ -149,6 +149,7 @@ def record(log_dir, who, gap, pings):
     measured (docs/testing.md)."""
     try:
         with open(os.path.join(log_dir, "loop-gaps.txt"), "a") as f:
-            f.write(f"{who} pings={pings} max_gap={gap[0] if gap else 0:.3f}\n")
+            at = f" at {_stamp(gap[1])}" if gap else ""
+            f.write(f"{who} pings={pings} max_gap={gap[0] if gap else 0:.3f}{at}\n")
     except OSError:
         pass

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <vector>
 
+#include "protocol/device_state.h"
+#include "protocol/iterable_state.h"
 #include "protocol/loadvm.h"
 
 namespace qmigd {
@@ -50,5 +52,24 @@ struct ParkRam : LoadvmHandler {
         return {};
     }
 };
+
+// A parking load of the whole stream (multifd on, postcopy-ram as asked),
+// reading through a buffer of `buffer` bytes. What it keeps must read back.
+inline void park_load(InputStream &in, size_t buffer, bool postcopy)
+{
+    LoadvmConfig cfg;
+    cfg.park = true;
+    cfg.multifd = true;
+    cfg.postcopy_ram = postcopy;
+    QEMUFileReader f(in, buffer);
+    ParkRam ram;
+    auto r = qemu_loadvm_state(f, cfg, ram);
+    if (r.ok() && !device_state_check(r->device_state).ok()) {
+        __builtin_trap(); // parked a device state that is not whole
+    }
+    if (r.ok() && !iterable_state_split(r->iterable_state).ok()) {
+        __builtin_trap(); // kept iterable sections it could not read back
+    }
+}
 
 } // namespace qmigd
