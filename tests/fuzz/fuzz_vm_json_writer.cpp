@@ -38,17 +38,19 @@ std::string block_name(FuzzedDataProvider &in)
 const std::vector<uint8_t> kDeviceState = {QEMU_VM_EOF, QEMU_VM_VMDESCRIPTION, 0, 0, 0, 2,
                                            '{', '}'};
 
-std::string scratch_dir()
+// Made once per process, removed at its exit (kept alive past the
+// destructors of statics: the exit handler reads it).
+const std::string &scratch_dir()
 {
-    static std::string dir = [] {
-        std::string d = "/dev/shm/fuzz_vm_json_writer.XXXXXX";
-        if (!::mkdtemp(d.data())) {
+    static const std::string *dir = [] {
+        auto *d = new std::string("/dev/shm/fuzz_vm_json_writer.XXXXXX");
+        if (!::mkdtemp(d->data())) {
             std::abort();
         }
         std::atexit([] { std::system(("rm -rf " + scratch_dir()).c_str()); });
         return d;
     }();
-    return dir;
+    return *dir;
 }
 
 void empty_dir(const std::string &dir, const ParkedVm &vm)
