@@ -206,6 +206,21 @@ class Peer:
             return f.read()
 
 
+def stop_all(*peers):
+    """Stops every peer given (None skipped), then raises the first failure
+    one of them reported (a stall, an exit status): one failing never
+    leaves the others running."""
+    first = None
+    for p in peers:
+        try:
+            if p:
+                p.stop()
+        except Exception as e:
+            first = first or e
+    if first:
+        raise first
+
+
 def end_process(proc, grace=5):
     """SIGTERM, and SIGKILL if it is still there after `grace` seconds."""
     if proc.poll() is None:
