@@ -30,7 +30,8 @@ public:
     static std::unique_ptr<ServiceNotifier> from_environment();
     ~ServiceNotifier();
 
-    // One datagram; a manager that went away is not an error of ours.
+    // One datagram, never waiting for room: a manager that went away or
+    // stopped reading is not an error of ours.
     void send(const std::string &state);
     // 0: no watchdog.
     uint64_t watchdog_usec() const { return watchdog_usec_; }

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import time
 
+import loop_watch
 from qmp import QMP, QMPError
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -105,8 +106,13 @@ class Peer:
             argv += ["--sandbox", SANDBOX]
         argv = (wrap or []) + argv  # e.g. ip netns exec NS: the pid stays the daemon's
         self.log = open(self.log_path, "w")
+        extra_env = env(self.log) if env else {}
+        self.watch = None
+        if kind != "qemu" and loop_watch.STALL_GUARD and "NOTIFY_SOCKET" not in extra_env:
+            self.watch = loop_watch.LoopWatch(os.path.basename(self.qmp_path))
+            extra_env = {**extra_env, **self.watch.env()}
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=None if env is None else {**os.environ, **env(self.log)})
+                                     env={**os.environ, **extra_env} if extra_env else None)
         self.qmp = None
         try:
             self.qmp = QMP(self.qmp_path, timeout=20)
@@ -137,6 +143,10 @@ class Peer:
         self.qmp = QMP(self.qmp_path)
 
     def stop(self):
+        # The loop's silence counts until the daemon ends if it still lives
+        # now (quit must end it promptly: the watchdog stops at quit); a
+        # test that killed it ends the count at its last ping.
+        alive = self.proc.poll() is None
         if self.qmp:
             try:
                 self.qmp.execute("quit")
@@ -149,13 +159,32 @@ class Peer:
             except subprocess.TimeoutExpired:
                 self.proc.send_signal(signal.SIGKILL)
                 self.proc.wait()
+        ended = time.time()
         self.log.close()
         try:
             os.unlink(self.qmp_path)
         except OSError:
             pass
+        stall = self.end_loop_watch(ended if alive else None)
         if self.kind == "qmigd":
             self.check_clean_exit()
+        if stall:
+            raise AssertionError(stall)
+
+    def end_loop_watch(self, until):
+        """What fails the test when the daemon's loop thread was silent for
+        more than loop_watch.STALL_LIMIT seconds while it lived, or None."""
+        if not self.watch:
+            return None
+        watch, self.watch = self.watch, None
+        watch.close()
+        gap = watch.worst_gap(until)
+        loop_watch.record(LOG_DIR, f"qmigd {self.role} {os.path.basename(self.log_path)}", gap,
+                          len(watch.pings))
+        if gap and gap[0] > loop_watch.STALL_LIMIT:
+            return loop_watch.stall_message(f"qmigd {self.role}", gap, until, self.log_path,
+                                            self.log_text())
+        return None
 
     SANITIZER_MARKS = ("ERROR: AddressSanitizer", "WARNING: ThreadSanitizer",
                        "ERROR: LeakSanitizer", "runtime error:")
@@ -176,6 +205,21 @@ class Peer:
         # A log may hold a peer's bytes that are not UTF-8 (block names).
         with open(self.log_path, errors="replace") as f:
             return f.read()
+
+
+def stop_all(*peers):
+    """Stops every peer given (None skipped), then raises the first failure
+    one of them reported (a stall, an exit status): one failing never
+    leaves the others running."""
+    first = None
+    for p in peers:
+        try:
+            if p:
+                p.stop()
+        except Exception as e:
+            first = first or e
+    if first:
+        raise first
 
 
 def end_process(proc, grace=5):

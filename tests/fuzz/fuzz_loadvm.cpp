@@ -7,10 +7,9 @@
 #include <cstring>
 #include <vector>
 
-#include "protocol/device_state.h"
-#include "protocol/iterable_state.h"
 #include "protocol/loadvm.h"
 #include "protocol/multifd_packet.h"
+#include "park_ram.h"
 
 using namespace qmigd;
 
@@ -72,48 +71,6 @@ struct BoundedRam : LoadvmHandler {
     }
 };
 
-// Park mode: blocks come from the stream; pages must lie inside them.
-struct ParkRam : LoadvmHandler {
-    std::vector<RamBlockDesc> blocks;
-    Status put_page(size_t block, uint64_t offset, const uint8_t *) override
-    {
-        return check(block, offset);
-    }
-    Status zero_page(size_t block, uint64_t offset) override { return check(block, offset); }
-    Status read_page(size_t block, uint64_t offset, uint8_t *out) override
-    {
-        std::memset(out, 0, TARGET_PAGE_SIZE);
-        return check(block, offset);
-    }
-    Status multifd_flush() override { return {}; }
-    Status open_return_path() override { return {}; }
-    Status ping(uint32_t) override { return {}; }
-    Status discard_range(size_t block, uint64_t start, uint64_t length) override
-    {
-        if (block >= blocks.size() || start % TARGET_PAGE_SIZE || length % TARGET_PAGE_SIZE ||
-            start > blocks[block].used_length || length > blocks[block].used_length - start) {
-            __builtin_trap();
-        }
-        return {};
-    }
-    Status announce_blocks(const std::vector<RamBlockDesc> &b) override
-    {
-        if (!blocks.empty() || b.empty()) {
-            __builtin_trap(); // announced twice, or nothing
-        }
-        blocks = b;
-        return {};
-    }
-    Status check(size_t block, uint64_t offset)
-    {
-        if (block >= blocks.size() || offset % TARGET_PAGE_SIZE ||
-            offset + TARGET_PAGE_SIZE > blocks[block].used_length) {
-            __builtin_trap();
-        }
-        return {};
-    }
-};
-
 } // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -132,20 +89,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         (void)qemu_loadvm_state(f, cfg, ram);
     }
     {
-        LoadvmConfig cfg;
-        cfg.park = true;
-        cfg.multifd = true;
-        cfg.postcopy_ram = true;
         MemoryInputStream in(data, size);
-        QEMUFileReader f(in, 256);
-        ParkRam ram;
-        auto r = qemu_loadvm_state(f, cfg, ram);
-        if (r.ok() && !device_state_check(r->device_state).ok()) {
-            __builtin_trap(); // parked a device state that is not whole
-        }
-        if (r.ok() && !iterable_state_split(r->iterable_state).ok()) {
-            __builtin_trap(); // kept iterable sections it could not read back
-        }
+        park_load(in, 256, true);
     }
     if (size >= MULTIFD_PACKET_HEADER_SIZE) {
         RamBlockDesc blocks[] = {{"mem", kBlockSize}};

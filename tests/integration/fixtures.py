@@ -8,7 +8,7 @@ import socket
 import time
 
 from runner import Peer, make_image, migrate, files_equal, remove, unique_name, PAGE
-from runner import start_incoming, wait_status
+from runner import start_incoming, wait_status, stop_all
 from itest import check
 
 MiB = 1 << 20
@@ -74,9 +74,7 @@ def peers(src_kind, dst_kind, imgs, src_extra=None, dst_extra=None):
         dst = Peer(dst_kind, "dest", [(n, d, z) for n, _, d, z in imgs], "dst", dst_extra)
         yield src, dst
     finally:
-        for p in (src, dst):
-            if p:
-                p.stop()
+        stop_all(src, dst)
 
 
 class HeldPeers:

@@ -47,7 +47,7 @@ def clear_logs():
     d = os.environ.get("QMIGD_LOG_DIR")
     if d and os.path.isdir(d):
         for name in os.listdir(d):
-            if name.endswith((".log", ".serial")):
+            if name.endswith((".log", ".serial")) or name == "loop-gaps.txt":
                 os.unlink(os.path.join(d, name))
 
 

@@ -8,6 +8,7 @@ systemd-analyze reads them."""
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -17,6 +18,7 @@ from itest import test, main, check, skip
 from fixtures import images, MiB, NotifySocket
 from runner import sandbox_spawning, Peer, QMIGD, unique_name, wait_status, start_incoming, files_equal, free_port
 from qmp import QMP
+import loop_watch
 
 SIZE = 16 * MiB
 UNITS = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "systemd")
@@ -61,6 +63,71 @@ def test_ready_status_watchdog_stopping():
                     if p:
                         p.stop()
                 n.close()
+
+
+@test
+def test_a_manager_that_stops_reading():
+    """A manager that stops reading its socket (busy, or gone with the
+    socket left bound) does not stop the daemon: at a ping a millisecond
+    its queue of 512 datagrams is full in half a second, and the monitor
+    still answers within a second through the two seconds after. The
+    daemon drops its pings rather than wait for room."""
+    n = NotifySocket()  # never read
+    with images(SIZE, "zero") as imgs:
+        d = Peer("qmigd", "dest", [("mem", imgs[0][2], SIZE)], "svc-unread", env=n.env(2000))
+        try:
+            d.qmp.sock.settimeout(1.0)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 2.5:
+                try:
+                    d.qmp.cmd("query-status")
+                except socket.timeout:
+                    raise AssertionError(f"the monitor did not answer within 1 s, "
+                                         f"{time.monotonic() - t0:.1f} s after the start")
+                time.sleep(0.05)
+        finally:
+            d.stop()
+            n.close()
+
+
+@test
+def test_stall_guard():
+    """The suite's loop-stall guard (scripts/lib/loop_watch.py) fails a
+    test whose daemon's loop was silent for more than a second: here a
+    daemon stopped (SIGSTOP) for 1.5 s. The message has the gap and the
+    daemon's log lines of that moment. Without a stall it stays quiet."""
+    saved = loop_watch.STALL_GUARD
+    loop_watch.STALL_GUARD = True
+    try:
+        with images(SIZE, "zero") as imgs:
+            quiet = Peer("qmigd", "dest", [("mem", imgs[0][2], SIZE)], "svc-quiet")
+            check(quiet.watch is not None, "no guard on a daemon of the harness")
+            wait_for_pings(quiet.watch, 3)
+            quiet.stop()
+            d = Peer("qmigd", "dest", [("mem", imgs[0][2], SIZE)], "svc-stall")
+            wait_for_pings(d.watch, 3)
+            d.qmp.cmd("query-status")
+            d.proc.send_signal(signal.SIGSTOP)
+            time.sleep(1.5)  # the stall itself: what the guard must see
+            d.proc.send_signal(signal.SIGCONT)
+            wait_for_pings(d.watch, len(d.watch.pings) + 2)
+            try:
+                d.stop()
+            except AssertionError as e:
+                msg = str(e)
+            else:
+                raise AssertionError("a 1.5 s stall passed the guard")
+            check(re.search(r"qmigd dest: its loop thread was silent for 1\.[5-9]\d s", msg), msg)
+            check("qmigd info:" in msg and d.log_path in msg, msg)
+    finally:
+        loop_watch.STALL_GUARD = saved
+
+
+def wait_for_pings(watch, count, timeout=10):
+    deadline = time.monotonic() + timeout
+    while len(watch.pings) < count:
+        check(time.monotonic() < deadline, f"{len(watch.pings)} pings, {count} awaited")
+        time.sleep(0.02)
 
 
 @test
