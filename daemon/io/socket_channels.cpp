@@ -132,16 +132,6 @@ void sweeper_close(uv_timer_t **t)
 
 SocketListener::~SocketListener() { close(); }
 
-// The lookup of a listen address's name, on a thread of libuv's pool.
-struct SocketListener::Lookup {
-    uv_work_t work;
-    SocketAddress addr;
-    // Written by the pool thread, read on the loop after it.
-    int rc = 0;
-    sockaddr_storage ss{};
-    SocketListener *owner = nullptr; // loop thread; null once the listener closed
-};
-
 Status SocketListener::listen(const SocketAddress &addr, OnListening on_listening)
 {
     addr_ = addr;
@@ -185,46 +175,39 @@ Status SocketListener::listen(const SocketAddress &addr, OnListening on_listenin
         close();
         return resolution_error(addr, numeric.rc);
     }
-    lookup_ = new Lookup;
-    lookup_->addr = addr;
-    lookup_->owner = this;
-    lookup_->work.data = lookup_;
     on_listening_ = std::move(on_listening);
-    uv_queue_work(
-        loop_, &lookup_->work,
-        [](uv_work_t *w) {
-            auto *l = static_cast<Lookup *>(w->data);
-            ListenAddress r = resolve_listen(l->addr, false);
-            l->rc = r.rc;
-            l->ss = r.ss;
-        },
-        on_resolved);
+    lookup_ = NameLookup::start(loop_, addr.host, std::to_string(addr.port), AI_PASSIVE,
+                                [this](int rc, const std::vector<sockaddr_storage> &addrs) {
+                                    resolved(rc, addrs);
+                                });
+    if (!lookup_) {
+        close();
+        return Error(fmt::format("address resolution failed for {}:{}: {}", addr.host, addr.port,
+                                 NameLookup::too_many()));
+    }
     return {};
 }
 
-void SocketListener::on_resolved(uv_work_t *req, int status)
+// The name's lookup ended: listen on its first answer, as QEMU's
+// inet_listen_saddr() takes it.
+void SocketListener::resolved(int rc, const std::vector<sockaddr_storage> &addrs)
 {
-    std::unique_ptr<Lookup> l(static_cast<Lookup *>(req->data));
-    SocketListener *self = l->owner;
-    if (!self) {
-        return; // closed meanwhile
-    }
-    self->lookup_ = nullptr;
+    lookup_.reset();
     Status st;
-    if (status < 0 || l->rc != 0) {
-        st = resolution_error(l->addr, status < 0 ? EAI_AGAIN : l->rc);
-        self->close();
+    if (rc != 0 || addrs.empty()) {
+        st = resolution_error(addr_, rc != 0 ? rc : EAI_NONAME);
+        close();
     } else {
         // Reported as QEMU reports a listener: by its numeric address.
         char host[NI_MAXHOST];
-        if (getnameinfo(reinterpret_cast<const sockaddr *>(&l->ss), sizeof(l->ss), host,
+        if (getnameinfo(reinterpret_cast<const sockaddr *>(&addrs[0]), sizeof(addrs[0]), host,
                         sizeof host, nullptr, 0, NI_NUMERICHOST) == 0) {
-            self->addr_.host = host;
+            addr_.host = host;
         }
-        st = self->bind_and_listen(reinterpret_cast<const sockaddr *>(&l->ss));
+        st = bind_and_listen(reinterpret_cast<const sockaddr *>(&addrs[0]));
     }
     // Last: the callback may destroy the listener.
-    OnListening cb = std::move(self->on_listening_);
+    OnListening cb = std::move(on_listening_);
     if (cb) {
         cb(st);
     }
@@ -386,9 +369,7 @@ void PendingConnection::close()
 void SocketListener::close()
 {
     if (lookup_) {
-        lookup_->owner = nullptr; // its callback frees it
-        uv_cancel(reinterpret_cast<uv_req_t *>(&lookup_->work));
-        lookup_ = nullptr;
+        lookup_.reset(); // its thread's answer is dropped
         on_listening_ = nullptr;
     }
     while (!pending_.empty()) {
@@ -428,43 +409,31 @@ std::shared_ptr<SocketConnect> SocketConnect::start(uv_loop_t *loop, const Socke
         c->try_address(0);
         return c;
     }
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    c->port_text_ = std::to_string(addr.port);
-    c->gai_.data = c.get();
-    c->resolving_ = c; // the lookup holds a reference until its callback
-    int rc = uv_getaddrinfo(loop, &c->gai_, on_resolved,
-                            addr.host.empty() ? nullptr : addr.host.c_str(),
-                            c->port_text_.c_str(), &hints);
-    if (rc != 0) {
-        c->resolving_.reset();
+    // The lookup holds a reference until it answers or is cancelled.
+    c->lookup_ = NameLookup::start(loop, addr.host, std::to_string(addr.port), 0,
+                                   [c](int rc, const std::vector<sockaddr_storage> &addrs) {
+                                       c->resolved(rc, addrs);
+                                   });
+    if (!c->lookup_) {
         c->finish(Error(fmt::format("address resolution failed for {}:{}: {}", addr.host,
-                                    addr.port, uv_strerror(rc))));
+                                    addr.port, NameLookup::too_many())));
     }
     return c;
 }
 
-void SocketConnect::on_resolved(uv_getaddrinfo_t *req, int status, addrinfo *res)
+void SocketConnect::resolved(int rc, const std::vector<sockaddr_storage> &addrs)
 {
-    auto *self = static_cast<SocketConnect *>(req->data);
-    std::shared_ptr<SocketConnect> keep = std::move(self->resolving_);
-    for (addrinfo *ai = res; ai; ai = ai->ai_next) {
-        sockaddr_storage ss{};
-        std::memcpy(&ss, ai->ai_addr, std::min<size_t>(ai->ai_addrlen, sizeof(ss)));
-        self->addrs_.push_back(ss);
-    }
-    uv_freeaddrinfo(res);
-    if (self->cancelled_) {
+    std::unique_ptr<NameLookup> done = std::move(lookup_); // freed on return
+    if (cancelled_) {
         return;
     }
-    if (status < 0 || self->addrs_.empty()) {
-        self->finish(Error(fmt::format("address resolution failed for {}:{}: {}",
-                                       self->addr_.host, self->addr_.port,
-                                       uv_strerror(status < 0 ? status : UV_EAI_NONAME))));
+    addrs_ = addrs;
+    if (rc != 0 || addrs_.empty()) {
+        finish(Error(fmt::format("address resolution failed for {}:{}: {}", addr_.host,
+                                 addr_.port, gai_strerror(rc != 0 ? rc : EAI_NONAME))));
         return;
     }
-    self->try_address(0);
+    try_address(0);
 }
 
 // Opens all `count_` connections to address `i`; on any failure the next
@@ -574,9 +543,8 @@ void SocketConnect::cancel()
     }
     cancelled_ = true;
     done_ = nullptr;
-    if (resolving_) {
-        uv_cancel(reinterpret_cast<uv_req_t *>(&gai_)); // callback still comes
-    }
+    lookup_.reset(); // its answer is dropped; the reference it held goes
+
     for (Attempt *a : pending_) {
         // Closing a connecting handle makes its callback run with ECANCELED.
         close_attempt(a);

@@ -14,6 +14,7 @@
 
 #include <uv.h>
 
+#include "daemon/io/name_lookup.h"
 #include "daemon/io/socket_address.h"
 #include "protocol/error.h"
 
@@ -112,11 +113,11 @@ public:
     using OnListening = std::function<void(const Status &)>;
     // A unix path is unlinked first and again at close(), as QEMU does. A
     // numeric address or an empty host (every interface) is bound before
-    // this returns. A host name is resolved on libuv's thread pool, as
+    // this returns. A host name is resolved off the loop (NameLookup), as
     // SocketConnect does: a lookup may take the resolver's whole timeout
     // (seconds per server and search domain), which the loop -- QMP, the
-    // watchdog, /metrics -- must not wait for. Then listen() returns at once
-    // with resolving() true, and on_listening reports the end.
+    // watchdog, /metrics, quit -- must not wait for. Then listen() returns
+    // at once with resolving() true, and on_listening reports the end.
     Status listen(const SocketAddress &addr, OnListening on_listening = nullptr);
     bool resolving() const { return lookup_ != nullptr; }
     // What it listens on, with the port the kernel chose for port 0.
@@ -127,8 +128,7 @@ public:
 
 private:
     friend class PendingConnection;
-    struct Lookup;
-    static void on_resolved(uv_work_t *req, int status);
+    void resolved(int rc, const std::vector<sockaddr_storage> &addrs);
     Status bind_and_listen(const sockaddr *sa);
     static void on_connection(uv_stream_t *server, int status);
     void start_reading(PendingConnection *c);
@@ -144,7 +144,7 @@ private:
     OnAccept on_accept_;
     ListenerLimits limits_;
     StreamHandle *server_ = nullptr;
-    Lookup *lookup_ = nullptr; // a name being resolved; it outlives a close()
+    std::unique_ptr<NameLookup> lookup_; // a name being resolved
     OnListening on_listening_;
     uv_timer_t *sweeper_ = nullptr;
     SocketAddress addr_;
@@ -158,8 +158,8 @@ private:
 // resolves off the loop.
 Status resolve_listen_host(SocketAddress *addr);
 
-// Connects `count` sockets to addr. An inet name is resolved on libuv's
-// thread pool and each address tried in turn (QEMU's inet_connect_saddr); a
+// Connects `count` sockets to addr. An inet name is resolved off the loop
+// (NameLookup) and each address tried in turn (QEMU's inet_connect_saddr); a
 // unix path is the one address. `done` runs once, with all fds (blocking,
 // the caller's) or the first error in QEMU's words -- unless cancel() came
 // first: it aborts the lookup and the connects at once, and `done` never
@@ -177,7 +177,7 @@ private:
         : loop_(loop), addr_(std::move(addr)), count_(count), done_(std::move(done))
     {
     }
-    static void on_resolved(uv_getaddrinfo_t *req, int status, addrinfo *res);
+    void resolved(int rc, const std::vector<sockaddr_storage> &addrs);
     static void on_connect(uv_connect_t *req, int status);
     void try_address(size_t i);
     void connected(Attempt *a, int status);
@@ -190,9 +190,7 @@ private:
     SocketAddress addr_;
     unsigned count_;
     Done done_;
-    std::string port_text_;
-    uv_getaddrinfo_t gai_;
-    std::shared_ptr<SocketConnect> resolving_; // self, while the lookup runs
+    std::unique_ptr<NameLookup> lookup_; // while the name is looked up
     std::vector<sockaddr_storage> addrs_;
     size_t current_ = 0;
     std::vector<Attempt *> pending_; // connects in flight

@@ -187,7 +187,7 @@ class SilentDns:
     """A DNS server of the test's own on 127.0.0.x:53 that reads every
     query and never answers: a resolver that takes its whole timeout."""
 
-    def __init__(self):
+    def __init__(self, timeout=2):
         import random
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         for _ in range(50):
@@ -203,7 +203,7 @@ class SilentDns:
         self.queries = 0
         self.resolv = f"/tmp/{unique_name('resolv')}.conf"
         with open(self.resolv, "w") as f:
-            f.write(f"nameserver {self.addr}\noptions timeout:2 attempts:1\n")
+            f.write(f"nameserver {self.addr}\noptions timeout:{timeout} attempts:1\n")
 
     def count(self):
         try:
@@ -267,6 +267,43 @@ def test_incoming_name_resolves_off_the_loop():
         if d:
             d.stop()
         n.close()
+        dns.close()
+
+
+@test
+def test_quit_during_a_lookup():
+    """With a resolver that would take 20 s: quit right after a
+    destination's migrate-incoming tcp:NAME and a source's migrate
+    tcp:NAME ends each daemon at once, not when the lookup gives up; 20
+    lookups started and cancelled leave the daemon free to listen on the
+    next address at once."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        skip("needs root and unshare for a private /etc/resolv.conf")
+    dns = SilentDns(timeout=20)
+    try:
+        with images(SIZE, "zero") as imgs:
+            for role, cmd, port in (("dest", "migrate-incoming", 0), ("source", "migrate", 4444)):
+                p = Peer("qmigd", role, [("mem", imgs[0][1 if role == "source" else 2], SIZE)],
+                         f"svc-dnsq-{role}", wrap=dns.wrap())
+                try:
+                    p.qmp.cmd(cmd, uri=f"tcp:qmigd-slow.example:{port}")
+                    if role == "dest":
+                        for _ in range(20):
+                            p.qmp.cmd("migrate_cancel")
+                            p.qmp.cmd(cmd, uri=f"tcp:qmigd-slow.example:{port}")
+                        p.qmp.cmd("migrate_cancel")
+                        t0 = time.monotonic()
+                        start_incoming(p)
+                        check(time.monotonic() - t0 < 1, "a numeric listen waited for lookups")
+                    t0 = time.monotonic()
+                    p.qmp.execute("quit")
+                    p.proc.wait(timeout=25)
+                    took = time.monotonic() - t0
+                    check(took < 1.0, f"{role}: quit took {took:.2f} s during a lookup")
+                finally:
+                    p.stop()
+            check(dns.count() > 0, "the resolver never asked the test's DNS server")
+    finally:
         dns.close()
 
 
