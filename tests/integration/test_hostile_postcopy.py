@@ -548,5 +548,33 @@ def test_page_request_block_name_is_escaped():
         check(all(" " <= ch < "\x7f" for ch in desc), repr(desc))
 
 
+# --- migrate-pause while waiting for the preempt channel's end marker -----
+
+@test
+def test_pause_while_waiting_for_the_preempt_end_marker():
+    """A source sends a page on the preempt channel, never its end marker,
+    and ends the main stream: the destination waits for the marker (for ever
+    with --link-timeout 0). migrate-pause ends that wait: postcopy-paused
+    within seconds, still paused once the link timeout is past, and quit."""
+    for timeout_ms in (0, 1500):
+        with daemon("dest", "hp-nomark", extra=["--link-timeout", str(timeout_ms)]) as d:
+            port, m = postcopy_dest(d)
+            p = preempt_connect(d, port)
+            p.sendall(wire.page(7 * wire.PAGE, b"\xef" * wire.PAGE))
+            m.sendall(wire.end() + wire.flag(wire.EOS) + wire.footer() + b"\x00")
+            time.sleep(0.2)  # the main stream's end read (nothing to poll: it waits silently)
+            check(d.status()["status"] == "postcopy-active", d.status())
+            d.qmp.cmd("migrate-pause")
+            wait_status(d, ("postcopy-paused",), timeout=3,
+                        fail_on=("failed", "completed", "cancelled"))
+            deadline = time.monotonic() + timeout_ms / 1000 + 0.5
+            while time.monotonic() < deadline:
+                check(d.status()["status"] == "postcopy-paused", d.status())
+                time.sleep(0.1)
+            check(quits_in_time(d), f"quit hung (link timeout {timeout_ms} ms)")
+            p.close()
+            m.close()
+
+
 if __name__ == "__main__":
     main()
