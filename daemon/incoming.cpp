@@ -73,6 +73,7 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
         std::lock_guard<std::mutex> lk(preempt_mu_);
         preempt_ended_ = false;
         preempt_draining_ = false;
+        pause_requested_ = false;
     }
     // A mapped-ram file has no channels to accept: its readers are threads.
     bool sockets = addr.transport == MigrationAddress::Transport::Socket;

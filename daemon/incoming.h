@@ -156,8 +156,9 @@ private:
     void preempt_failed(const Error &err, uint64_t generation);
     // After the main stream (load thread, `drain`: the reader reads to the
     // source's end marker first) or at cleanup (loop): wakes and joins the
-    // preempt reader; no preempt channel is taken after it.
-    void end_preempt(bool drain = false);
+    // preempt reader; no preempt channel is taken after it. Returns true
+    // when a migrate-pause ended the drain before the end marker came.
+    bool end_preempt(bool drain = false);
     // Postcopy recovery (QEMU's postcopy_pause_incoming()): the load thread
     // waits for the new main channel (migrate-recover's first connection,
     // taken by take_recovered() on the loop), or for the migration's end.
@@ -243,6 +244,7 @@ private:
     bool preempt_draining_ = false;  // protected by preempt_mu_: the main stream ended
     bool preempt_done_ = false;      // protected by preempt_mu_: the reader returned
     bool preempt_used_ = false;      // protected by preempt_mu_: a byte came on it
+    bool pause_requested_ = false;   // protected by preempt_mu_: migrate-pause not yet acted on
     std::thread preempt_thread_;     // protected by preempt_mu_
 
     // Postcopy recovery's hand-over, loop thread to load thread.

@@ -251,31 +251,37 @@ void IncomingMigration::load_thread_main()
     // destination... and here the stream goes on over a new channel.
     std::unique_ptr<FdInputStream> rin;
     std::unique_ptr<QEMUFileReader> rf;
-    while (!result && session.in_postcopy()) {
-        bytes_.fetch_add(rf ? rf->pos() : 0, std::memory_order_relaxed);
-        (void)handler.flush(); // whole pages read so far count as received
-        auto fd = postcopy_pause_incoming(result.error());
-        if (!fd) {
-            result = fd.error();
+    for (;;) {
+        while (!result && session.in_postcopy()) {
+            bytes_.fetch_add(rf ? rf->pos() : 0, std::memory_order_relaxed);
+            (void)handler.flush(); // whole pages read so far count as received
+            auto fd = postcopy_pause_incoming(result.error());
+            if (!fd) {
+                result = fd.error();
+                break;
+            }
+            rin = std::make_unique<FdInputStream>(*fd, std::vector<uint8_t>{}, nullptr);
+            rf = std::make_unique<QEMUFileReader>(*rin, 256 * 1024);
+            auto rp = ReturnPathOut::open(*fd, nullptr, rp_writes_);
+            if (!rp) {
+                result = rp.error();
+                break;
+            }
+            rp_ = std::move(*rp);
+            result = session.resume(*rf);
+        }
+        // The preempt channel's pages are in once its reader ends: at the
+        // source's end marker when the stream ended well (a page may still
+        // be on its way behind the main channel's end), else at once. A
+        // migrate-pause meanwhile pauses: a page may be missing.
+        if (!end_preempt(bool(result)) || !result) {
             break;
         }
-        rin = std::make_unique<FdInputStream>(*fd, std::vector<uint8_t>{}, nullptr);
-        rf = std::make_unique<QEMUFileReader>(*rin, 256 * 1024);
-        auto rp = ReturnPathOut::open(*fd, nullptr, rp_writes_);
-        if (!rp) {
-            result = rp.error();
-            break;
-        }
-        rp_ = std::move(*rp);
-        result = session.resume(*rf);
+        result = Error("paused by migrate-pause before the postcopy preempt channel's end marker");
     }
     if (rf) {
         bytes_.fetch_add(rf->pos(), std::memory_order_relaxed);
     }
-    // The preempt channel's pages are in once its reader ends: at the
-    // source's end marker when the stream ended well (a page may still be
-    // on its way behind the main channel's end), else at once.
-    end_preempt(bool(result));
     if (result) {
         if (Status st = handler.flush(); !st) {
             result = st.error();

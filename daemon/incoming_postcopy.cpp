@@ -130,23 +130,29 @@ void IncomingMigration::preempt_failed(const Error &err, uint64_t generation)
 // link timeout. A channel that carried nothing is shut at once, as QEMU 10
 // does: a QEMU 10 or qmigd source sends only the pages a destination asks
 // for on it, and a qmigd destination asks for none. abort_with() ends the
-// wait at any time (it shuts the channel down).
-void IncomingMigration::end_preempt(bool drain)
+// wait at any time (it shuts the channel down), and so does migrate-pause
+// (pause()): then the load pauses, as it would on the main channel.
+bool IncomingMigration::end_preempt(bool drain)
 {
     std::thread t;
+    bool paused = false;
     {
         std::unique_lock<std::mutex> lk(preempt_mu_);
         if (drain && preempt_thread_.joinable() &&
             (preempt_used_ || bytes_queued(preempt_fd_) > 0)) {
             preempt_draining_ = true;
-            auto done = [this] { return preempt_done_; };
+            auto done = [this] { return preempt_done_ || pause_requested_; };
             if (params_.link_timeout_ms) {
                 preempt_cv_.wait_for(lk, std::chrono::milliseconds(params_.link_timeout_ms),
                                      done);
             } else {
                 preempt_cv_.wait(lk, done);
             }
-            if (!preempt_done_) {
+            paused = !preempt_done_ && pause_requested_;
+            if (paused) {
+                spdlog::info("incoming migration: paused while waiting for the postcopy preempt "
+                             "channel's end marker");
+            } else if (!preempt_done_) {
                 spdlog::warn("incoming migration: no end marker on the postcopy preempt "
                              "channel within {} ms: shut down",
                              params_.link_timeout_ms);
@@ -166,6 +172,7 @@ void IncomingMigration::end_preempt(bool drain)
         ::close(preempt_fd_);
         preempt_fd_ = -1;
     }
+    return paused;
 }
 
 // postcopy_pause_incoming(): the broken channel and its return path go;
@@ -180,6 +187,7 @@ Result<int> IncomingMigration::postcopy_pause_incoming(const Error &why)
         std::lock_guard<std::mutex> lk(preempt_mu_);
         preempt_ended_ = false; // the resumed source connects it again
         preempt_draining_ = false;
+        pause_requested_ = false; // this is the pause
     }
     dispatcher_.post([this] {
         if (status_ == MigrationStatus::PostcopyActive ||
@@ -256,6 +264,13 @@ Status IncomingMigration::recover(const MigrationAddress &addr)
 void IncomingMigration::pause()
 {
     spdlog::info("incoming migration: postcopy paused by migrate-pause");
+    {
+        // The load thread may be past the main stream, waiting for the
+        // preempt channel's end marker (end_preempt()): that wait ends too.
+        std::lock_guard<std::mutex> lk(preempt_mu_);
+        pause_requested_ = true;
+    }
+    preempt_cv_.notify_all();
     if (main_) {
         shutdown_fd(main_->fd);
     }

@@ -209,8 +209,11 @@ void Daemon::register_migration_commands()
     q.register_command("migrate-incoming", Members{"*uri", "*channels", "*exit-on-error"},
                        [this](const json &a) { return cmd_migrate_incoming(a); });
     q.register_command("migrate_cancel", none, [this](const json &) -> QmpResult {
-        if (outgoing_ && migration_in_postcopy(outgoing_->status())) {
-            // The source can no longer take the VM back (qmp_migrate_cancel).
+        // Once postcopy runs, the VM lives on both sides: the source cannot
+        // take it back (qmp_migrate_cancel), and a destination that let go
+        // would lose the pages it has not yet received.
+        if ((outgoing_ && migration_in_postcopy(outgoing_->status())) ||
+            (incoming_ && migration_in_postcopy(incoming_->status()))) {
             return qmp_error("Postcopy migration in progress, cannot cancel.");
         }
         if (outgoing_) {

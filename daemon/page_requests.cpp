@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "protocol/wire.h"
+
 namespace qmigd {
 
 // migrate_handle_rp_req_pages() and ram_save_queue_pages(), in that order.
@@ -24,7 +26,7 @@ Status PageRequests::push(const std::string *idstr, uint64_t start, uint32_t len
             i++;
         }
         if (i == blocks_.size()) {
-            return Error(fmt::format("MIG_RP_MSG_REQ_PAGES has no block '{}'", *idstr));
+            return Error(fmt::format("MIG_RP_MSG_REQ_PAGES has no block '{}'", wire_text(*idstr)));
         }
         last_block_ = i;
     }

@@ -75,6 +75,12 @@ Status PostcopyRecovery::recv_bitmap(const std::string &idstr, const Read &read)
     return {};
 }
 
+std::vector<uint64_t> PostcopyRecovery::received(size_t block)
+{
+    std::lock_guard<std::mutex> lk(mu_);
+    return received_[block];
+}
+
 Status PostcopyRecovery::check_resume_ack(uint32_t value)
 {
     if (value != MIGRATION_RESUME_ACK_VALUE) {

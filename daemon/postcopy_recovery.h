@@ -45,8 +45,9 @@ public:
     // (its error, or an error saying what never came).
     Status wait_bitmaps(ReturnPathIn &rp);
     Status wait_ack(ReturnPathIn &rp);
-    // After wait_bitmaps(): which pages of block i the destination has.
-    const std::vector<uint64_t> &received(size_t block) const { return received_[block]; }
+    // After wait_bitmaps(): which pages of block i the destination has. A
+    // copy, taken under mu_: a duplicate RECV_BITMAP may replace it meanwhile.
+    std::vector<uint64_t> received(size_t block);
 
 private:
     Status wait(ReturnPathIn &rp, const std::function<bool()> &done, const char *what);
@@ -55,7 +56,7 @@ private:
     std::mutex mu_;
     std::condition_variable cv_;
     bool active_ = false;                         // protected by mu_
-    std::vector<std::vector<uint64_t>> received_; // protected by mu_ until wait_bitmaps()
+    std::vector<std::vector<uint64_t>> received_; // protected by mu_
     std::vector<bool> got_;                       // protected by mu_
     size_t got_count_ = 0;                        // protected by mu_
     bool acked_ = false;                          // protected by mu_

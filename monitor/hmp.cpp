@@ -21,8 +21,21 @@ namespace {
 QmpResult hmp_parameter_value(const json &params, const std::string &name,
                               const std::string &value)
 {
-    if (name == "max-bandwidth" || name == "avail-switchover-bandwidth" ||
-        name == "max-postcopy-bandwidth") {
+    if (name == "max-postcopy-bandwidth") {
+        // A plain size (visit_type_size: bytes by default, parse_option_size's errors).
+        int err = 0;
+        auto n = qemu_strtosz(value, 0, &err);
+        if (!n && (err == ERANGE || value.find('-') != std::string::npos)) {
+            return qmp_error("Value '" + value + "' is out of range for parameter '" + name + "'");
+        }
+        if (!n) {
+            return qmp_error("Parameter '" + name + "' expects a non-negative number below 2^64"
+                             "\r\nOptional suffix k, M, G, T, P or E means kilo-, mega-, giga-, "
+                             "tera-, peta-\r\nand exabytes, respectively.");
+        }
+        return json(*n);
+    }
+    if (name == "max-bandwidth" || name == "avail-switchover-bandwidth") {
         auto n = qemu_strtosz(value, 20);
         if (!n || *n > uint64_t(INT64_MAX)) {
             return qmp_error("Invalid size " + value);
@@ -282,12 +295,20 @@ std::string invoke(const HmpCommand &cmd, QmpServer &server, const HmpUriCheck &
         return cmd.run(call);
     }
     size_t i = 0;
-    for (; i < w.size() && *cmd.flags && w[i].size() > 1 && w[i][0] == '-'; i++) {
-        for (char f : w[i].substr(1)) {
-            if (!std::strchr(cmd.flags, f)) {
-                return usage_error(name, topic, std::string("unsupported option -") + f);
-            }
-            call.flags += f;
+    // monitor_parse_arguments: each flag in turn looks at the next word; its
+    // own letter takes "-X" off it, a later flag's letter leaves it, anything
+    // else is refused. What is left ("-rd" leaves "d") is the next argument.
+    for (const char *f = cmd.flags; *f; f++) {
+        if (i >= w.size() || w[i].size() < 2 || w[i][0] != '-') {
+            continue;
+        }
+        char seen = w[i][1];
+        if (seen == *f) {
+            call.flags += *f;
+            w[i].erase(0, 2);
+            i += w[i].empty() ? 1 : 0;
+        } else if (!std::strchr(f + 1, seen)) {
+            return usage_error(name, topic, std::string("unsupported option -") + seen);
         }
     }
     for (int k = 0; k < cmd.strings; k++, i++) {
@@ -298,7 +319,8 @@ std::string invoke(const HmpCommand &cmd, QmpServer &server, const HmpUriCheck &
     }
     if (cmd.boolean) {
         if (i >= w.size() || (w[i] != "on" && w[i] != "off")) {
-            return usage_error(name, topic, "Expected 'on' or 'off'");
+            // QEMU prints this one without the command's name in front.
+            return "Expected 'on' or 'off'\r\nTry \"help " + topic + "\" for more information\r\n";
         }
         call.args.push_back(w[i++]);
     }

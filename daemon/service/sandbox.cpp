@@ -6,7 +6,9 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <fcntl.h>
 #include <grp.h>
+#include <initializer_list>
 #include <optional>
 #include <pwd.h>
 #include <sched.h>
@@ -110,6 +112,9 @@ const char *const kSandboxDenied[] = {
 // root daemon cannot change routes or addresses through it. Any other
 // family (AF_PACKET: every interface's traffic) is forbidden.
 const int kSandboxSocketFamilies[] = {AF_UNIX, AF_INET, AF_INET6};
+// And their types: streams (channels, QMP, /metrics, DNS over TCP) and
+// datagrams (DNS, sd_notify). Not SOCK_RAW, SOCK_SEQPACKET or SOCK_PACKET.
+const int kSandboxSocketTypes[] = {SOCK_STREAM, SOCK_DGRAM};
 
 std::atomic<bool> g_denies_spawn{false};
 
@@ -146,20 +151,36 @@ void on_sigsys(int, siginfo_t *info, void *)
     raise(SIGSYS);
 }
 
-// One rule for a call by name, optionally only where one argument compares
-// as `cmp` says; a call this architecture lacks is left out.
+// One rule for a call by name, optionally only where its arguments compare
+// as `cmps` say (all of them); a call this architecture lacks is left out.
 Status add_rule(scmp_filter_ctx ctx, uint32_t action, const char *name,
-                std::optional<scmp_arg_cmp> cmp = std::nullopt)
+                std::initializer_list<scmp_arg_cmp> cmps)
 {
     int nr = seccomp_syscall_resolve_name(name);
     if (nr == __NR_SCMP_ERROR) {
         return {};
     }
-    int rc = seccomp_rule_add_array(ctx, action, nr, cmp ? 1 : 0, cmp ? &*cmp : nullptr);
+    int rc = seccomp_rule_add_array(ctx, action, nr, unsigned(cmps.size()),
+                                    cmps.size() ? cmps.begin() : nullptr);
     if (rc < 0 && rc != -EEXIST) {
         return Error(fmt::format("sandbox: cannot add a rule for {}: {}", name, strerror(-rc)));
     }
     return {};
+}
+
+Status add_rule(scmp_filter_ctx ctx, uint32_t action, const char *name,
+                std::optional<scmp_arg_cmp> cmp = std::nullopt)
+{
+    std::initializer_list<scmp_arg_cmp> none{};
+    return cmp ? add_rule(ctx, action, name, {*cmp}) : add_rule(ctx, action, name, none);
+}
+
+// socket()'s type with its flags masked off: SOCK_RAW would let a root
+// daemon forge and read any IP traffic, SOCK_PACKET any frame.
+scmp_arg_cmp socket_type_is(int type)
+{
+    constexpr uint32_t kTypeMask = ~uint32_t(SOCK_NONBLOCK | SOCK_CLOEXEC);
+    return SCMP_A1(SCMP_CMP_MASKED_EQ, kTypeMask, unsigned(type));
 }
 
 Status build_allow_list(scmp_filter_ctx ctx)
@@ -171,11 +192,15 @@ Status build_allow_list(scmp_filter_ctx ctx)
         QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, r.name, SCMP_CMP(r.arg, SCMP_CMP_EQ, r.value)));
     }
     for (int family : kSandboxSocketFamilies) {
-        QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, "socket", SCMP_A0(SCMP_CMP_EQ, unsigned(family))));
+        for (int type : kSandboxSocketTypes) {
+            QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, "socket",
+                               {SCMP_A0(SCMP_CMP_EQ, unsigned(family)), socket_type_is(type)}));
+        }
     }
     QMIGD_TRY(add_rule(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), "socket",
                        SCMP_A0(SCMP_CMP_EQ, unsigned(AF_NETLINK))));
-    QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, "socketpair", SCMP_A0(SCMP_CMP_EQ, unsigned(AF_UNIX))));
+    QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, "socketpair",
+                       {SCMP_A0(SCMP_CMP_EQ, unsigned(AF_UNIX)), socket_type_is(SOCK_STREAM)}));
     // Signals to itself only (raise(), abort(), pthread_kill() are
     // tgkill(getpid(), ...)); tkill names no process and is not needed.
     // No fork after this, so getpid() stays ours. Signal 0 sends nothing:
@@ -244,6 +269,37 @@ bool user_may_write(const struct stat &st, const struct passwd &pw)
 
 } // namespace
 
+namespace {
+
+// Makes dir and gives it to pw's user. The parent may be that user's (its
+// home): it can swap a symlink or a directory of its own in for ours between
+// mkdir() and anything done by path, so the directory is opened without
+// following a link, checked to be the empty root-owned one we made, and
+// changed through its descriptor only.
+Status make_dir_for(const std::string &dir, const struct passwd &pw)
+{
+    if (::mkdir(dir.c_str(), 0700) != 0) {
+        return Error(strerror(errno));
+    }
+    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        return Error(fmt::format("it changed while being made: {}", strerror(errno)));
+    }
+    struct stat st;
+    bool ours = ::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == ::geteuid() &&
+                st.st_nlink == 2;
+    int rc = !ours ? (errno = EEXIST, -1)
+                   : ::fchown(fd, pw.pw_uid, pw.pw_gid) != 0 ? -1 : ::fchmod(fd, 0700);
+    int saved = errno;
+    ::close(fd);
+    if (rc != 0) {
+        return Error(ours ? strerror(saved) : "it was replaced while being made");
+    }
+    return {};
+}
+
+} // namespace
+
 Status dir_for_user(const std::string &dir, const std::string &user)
 {
     if (user.empty()) {
@@ -256,9 +312,9 @@ Status dir_for_user(const std::string &dir, const std::string &user)
     struct stat st;
     if (::stat(dir.c_str(), &st) != 0 && errno == ENOENT) {
         // Private (the images are the guest's RAM), and the user's.
-        if (::mkdir(dir.c_str(), 0700) != 0 || ::chown(dir.c_str(), pw->pw_uid, pw->pw_gid) != 0) {
+        if (Status made = make_dir_for(dir, *pw); !made) {
             return Error(fmt::format("'{}' does not exist and cannot be created for {}: {}", dir,
-                                     user, strerror(errno)));
+                                     user, made.error().message()));
         }
         spdlog::info("created {} for {} to park the VM in", dir, user);
         return {};

@@ -10,6 +10,8 @@
 #include <spdlog/spdlog.h>
 #include <gnutls/x509.h>
 
+#include "protocol/wire.h"
+
 namespace qmigd {
 
 namespace {
@@ -224,7 +226,7 @@ Result<std::unique_ptr<TlsSession>> TlsSession::server(int fd, const TlsCreds &c
     if (creds.verify_peer()) {
         QMIGD_TRY(t->check_peer(false, ""));
         if (authz && !authz->is_allowed(t->peer_name_)) {
-            return Error(fmt::format("TLS x509 authz check for {} is denied", t->peer_name_));
+            return Error(fmt::format("TLS x509 authz check for {} is denied", wire_text(t->peer_name_)));
         }
     }
     return t;

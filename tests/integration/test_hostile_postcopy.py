@@ -497,5 +497,84 @@ def test_no_preempt_page_in_flight_is_lost():
               f"{di['incoming']['normal']} page(s)")
 
 
+# --- migrate_cancel refused at a destination in postcopy --------------------
+
+@test
+def test_destination_refuses_cancel_in_postcopy():
+    """Once postcopy runs, the guest's pages are split between the two sides:
+    a destination refuses migrate_cancel (QMP and HMP) as QEMU's
+    qmp_migrate_cancel does, active or paused, and stays where it was."""
+    refusal = "Postcopy migration in progress, cannot cancel."
+    for state in ("postcopy-active", "postcopy-paused"):
+        with daemon("dest", "hp-dcan") as d:
+            port, m = postcopy_dest(d, preempt=False)
+            if state == "postcopy-paused":
+                m.close()
+                wait_status(d, (state,), timeout=10, fail_on=("failed", "completed", "cancelled"))
+            r = d.qmp.execute("migrate_cancel")
+            check(r.get("error", {}).get("desc") == refusal, f"{state}: migrate_cancel -> {r}")
+            hmp = d.qmp.hmp("migrate_cancel")
+            check(hmp == f"Error: {refusal}\r\n", f"{state}: HMP migrate_cancel -> {hmp!r}")
+            check(d.status()["status"] == state, f"{state}: now {d.status()}")
+            m.close()
+
+
+# --- names off the wire in page requests ----------------------------------
+
+@test
+def test_page_request_block_name_is_escaped():
+    """A destination asks REQ_PAGES_ID for a block whose name holds control
+    bytes, invalid UTF-8 and a forged log line: the source fails, its
+    error-desc names the block as printable ASCII (\\xNN for the rest)."""
+    name = b"m\x01e\xff\n<0>emerg: x\x1b[2J"
+
+    def serve(c):
+        read_until(c, wire.command(wire.CMD_PACKAGED, wire.be32(0))[:5])
+        c.sendall(struct.pack(">HHQIB", 3, 13 + len(name), 0, wire.PAGE, len(name)) + name)
+        drain(c)
+
+    with daemon("source", "hp-rqname", "random") as s:
+        fake = Listener(serve)
+        try:
+            s.qmp.cmd("migrate-set-capabilities", capabilities=PC)
+            s.qmp.cmd("migrate-set-parameters", {"max-bandwidth": 1 * MiB})
+            s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{fake.port}")
+            s.qmp.cmd("migrate-start-postcopy")
+            desc = wait_status(s, ("failed",), timeout=20, fail_on=("completed",)).get("error-desc", "")
+        finally:
+            fake.close()
+        want = "MIG_RP_MSG_REQ_PAGES has no block 'm\\x01e\\xff\\x0a<0>emerg: x\\x1b[2J'"
+        check(want in desc, repr(desc))
+        check(all(" " <= ch < "\x7f" for ch in desc), repr(desc))
+
+
+# --- migrate-pause while waiting for the preempt channel's end marker -----
+
+@test
+def test_pause_while_waiting_for_the_preempt_end_marker():
+    """A source sends a page on the preempt channel, never its end marker,
+    and ends the main stream: the destination waits for the marker (for ever
+    with --link-timeout 0). migrate-pause ends that wait: postcopy-paused
+    within seconds, still paused once the link timeout is past, and quit."""
+    for timeout_ms in (0, 1500):
+        with daemon("dest", "hp-nomark", extra=["--link-timeout", str(timeout_ms)]) as d:
+            port, m = postcopy_dest(d)
+            p = preempt_connect(d, port)
+            p.sendall(wire.page(7 * wire.PAGE, b"\xef" * wire.PAGE))
+            m.sendall(wire.end() + wire.flag(wire.EOS) + wire.footer() + b"\x00")
+            time.sleep(0.2)  # the main stream's end read (nothing to poll: it waits silently)
+            check(d.status()["status"] == "postcopy-active", d.status())
+            d.qmp.cmd("migrate-pause")
+            wait_status(d, ("postcopy-paused",), timeout=3,
+                        fail_on=("failed", "completed", "cancelled"))
+            deadline = time.monotonic() + timeout_ms / 1000 + 0.5
+            while time.monotonic() < deadline:
+                check(d.status()["status"] == "postcopy-paused", d.status())
+                time.sleep(0.1)
+            check(quits_in_time(d), f"quit hung (link timeout {timeout_ms} ms)")
+            p.close()
+            m.close()
+
+
 if __name__ == "__main__":
     main()

@@ -12,6 +12,7 @@ import pwd
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -290,6 +291,63 @@ def test_runas_ram_dir_is_the_users():
         check(not os.path.exists(qmp), f"{qmp} left behind")
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+# The --runas user's racer: once the daemon's new HOME/vm appears, it swaps
+# in a symlink to TARGET (a root file) for what the daemon does next.
+RACER = """
+import os, sys, time
+home, target = sys.argv[1:]
+end = time.monotonic() + 10
+while time.monotonic() < end:
+    try:
+        os.rename(home + "/vm", home + "/old")
+    except OSError:
+        continue
+    os.symlink(target, home + "/vm")
+    os.rmdir(home + "/old")
+    break
+"""
+
+
+@test
+def test_runas_ram_dir_cannot_be_swapped_for_a_link():
+    """--runas nobody --ram-dir HOME/vm with HOME nobody's: nobody swaps a
+    symlink to a root file in for the directory the daemon just made (strace
+    holds the daemon 300 ms after its mkdir to open the window); the root
+    file stays root's and the start fails in words, as the daemon changes
+    the directory only through a descriptor opened without following links."""
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        skip("no user 'nobody' on this host")
+    if not shutil.which("strace"):
+        skip("no strace to widen the window")
+    top = tempfile.mkdtemp(prefix="qmigd-race-", dir="/tmp")
+    os.chmod(top, 0o755)
+    home, target = os.path.join(top, "home"), os.path.join(top, "target")
+    os.mkdir(home, 0o755)
+    os.chown(home, nobody.pw_uid, nobody.pw_gid)
+    with open(target, "w") as f:
+        f.write("root's\n")
+    racer = subprocess.Popen(["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}",
+                              "--clear-groups", sys.executable, "-c", RACER, home, target])
+    try:
+        # Exits after the check: its --qmp directory does not exist.
+        r = subprocess.run(["strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=mkdir,mkdirat", "-e",
+                            "inject=mkdir,mkdirat:delay_exit=300000", QMIGD, "dest",
+                            "--qmp", os.path.join(top, "none", "q.qmp"),
+                            "--ram-dir", os.path.join(home, "vm"), "--runas", "nobody"],
+                           capture_output=True, text=True, timeout=30)
+        racer.wait(timeout=15)
+        st = os.stat(target)
+    finally:
+        if racer.poll() is None:
+            racer.kill()
+            racer.wait()
+        shutil.rmtree(top, ignore_errors=True)
+    check(st.st_uid == 0, f"the root file is now uid {st.st_uid}'s:\n{r.stderr}")
+    check(r.returncode == 1 and "changed while being made" in r.stderr, (r.returncode, r.stderr))
 
 
 if __name__ == "__main__":

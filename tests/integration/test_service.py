@@ -312,7 +312,9 @@ def test_log_lines_cannot_be_forged():
     """A source whose RAM block is named "mem\\n<0>emerg: ..." parks into
     a destination logging to a journal stream: every line the destination
     writes is one of its own, at its own priority, the name escaped."""
-    forged = "mem\n<0>emerg: forged by the peer\x1b[2J"
+    # C1 controls (CSI U+009B, NEL U+0085) and U+2028 act on terminals and
+    # log viewers as their C0 cousins do.
+    forged = "mem\n<0>emerg: forged by the peer\x1b[2J\u009b31m\u0085\u2028end"
     park = tempfile.mkdtemp(prefix="qmigd-forge-", dir="/dev/shm")
     with images(SIZE, "mixed") as imgs:
         s = d = None
@@ -333,13 +335,16 @@ def test_log_lines_cannot_be_forged():
     for peer in (s, d):
         text = peer.log_text()
         check("\x1b" not in text, "an escape sequence reached the log")
+        check(not re.search("[\x80-\x9f\u2028\u2029\ufffd]", text), "a C1 control, line separator "
+              "or invalid UTF-8 reached the log")
         lines = text.splitlines()
         check(not any(l.startswith("<0>") or l.startswith("emerg") for l in lines),
               [l for l in lines if "emerg" in l])
     lines = d.log_text().splitlines()
     check(all(re.match(r"<[0-7]>(info|warning|error|critical|debug): ", l) for l in lines if l),
           lines)
-    check(any("mem\\n<0>emerg: forged by the peer\\x1b[2J" in l for l in lines), lines)
+    check(any("mem\\n<0>emerg: forged by the peer\\x1b[2J\\xc2\\x9b31m\\xc2\\x85\\u2028end" in l
+              for l in lines), lines)
 
 
 @test

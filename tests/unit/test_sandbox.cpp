@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <csignal>
+#include <netinet/in.h>
 #include <cstdio>
 #include <string>
 #include <sys/ioctl.h>
@@ -181,11 +182,20 @@ TEST_CASE("the allow-list: signals to itself only, sockets of the roles' familie
             return 13;
         }
         for (int family : {AF_UNIX, AF_INET, AF_INET6}) {
-            int fd = socket(family, SOCK_STREAM, 0);
-            if (fd < 0) {
-                return 14;
+            for (int type : {int(SOCK_STREAM), SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC}) {
+                int fd = socket(family, type, 0);
+                if (fd < 0) {
+                    return 14;
+                }
+                close(fd);
             }
-            close(fd);
+        }
+        // Raw IP (any traffic, forged or read, as root) and other types: no.
+        if (socket(AF_INET, SOCK_RAW, IPPROTO_ICMP) != -1 || errno != EPERM ||
+            socket(AF_INET6, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_ICMPV6) != -1 || errno != EPERM ||
+            socket(AF_UNIX, SOCK_SEQPACKET, 0) != -1 || errno != EPERM ||
+            socket(AF_INET, SOCK_PACKET, 0) != -1 || errno != EPERM) {
+            return 18;
         }
         int sv[2];
         if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
