@@ -193,7 +193,8 @@ private:
     // Multifd on here, the main channel in, multifd channels missing: a
     // source with multifd off sends RAM pages on the main channel and
     // never opens one (QEMU 10 waits in `setup` for ever). Polls the main
-    // channel's queued bytes until the channels come or kMultifdWaitMs.
+    // channel's queued bytes until the channels come or kMultifdWaitMs
+    // (or the link timeout, if shorter).
     static constexpr uint64_t kMultifdWaitMs = 10000;
     static constexpr int kMainPagesQueued = 32 * 1024; // more than any setup part
     uv_timer_t *multifd_wait_ = nullptr;

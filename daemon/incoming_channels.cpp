@@ -216,12 +216,17 @@ void IncomingMigration::check_multifd_missing()
             queued)));
         return;
     }
-    if (uv_now(loop_) - main_since_ms_ >= kMultifdWaitMs) {
+    // A shorter --link-timeout bounds the wait too: a channel that has
+    // not come by then is on a dead link or nowhere.
+    uint64_t wait_ms = params_.link_timeout_ms
+                           ? std::min<uint64_t>(kMultifdWaitMs, params_.link_timeout_ms)
+                           : kMultifdWaitMs;
+    if (uv_now(loop_) - main_since_ms_ >= wait_ms) {
         fail_setup(Error(fmt::format(
-            "{} of {} multifd channels arrived within {} s of the main channel: the source "
+            "{} of {} multifd channels arrived within {:.3g} s of the main channel: the source "
             "has the multifd capability off? This destination has it on: turn it on at both "
             "ends or neither",
-            have, multifd_.size(), kMultifdWaitMs / 1000)));
+            have, multifd_.size(), double(wait_ms) / 1000)));
     }
 }
 

@@ -5,6 +5,10 @@ reset by peer" and "unexpected end of migration stream", or waits in
 at once, and takes the next, correct, migration after a new
 migrate-incoming. A qmigd source says the destination closed its multifd
 channels."""
+import socket
+import struct
+import time
+
 from itest import test, main, check
 from runner import Peer, make_image, migrate, remove, start_incoming, unique_name, wait_status
 
@@ -77,6 +81,38 @@ def test_multifd_on_at_destination_only():
     for kind in ("qmigd", "qemu"):
         _, di, log = mismatched(kind, False, "mfdst-" + kind)
         check_dest_says(di, log, "this destination has it on")
+
+
+@test
+def test_no_multifd_channel_within_the_link_timeout():
+    """A main channel that sends its header and waits, multifd on here: no
+    multifd channel within --link-timeout (1 s here, 10 s at most) fails
+    the destination, which then takes a correct migration."""
+    d_img = f"/dev/shm/{unique_name('mfwait')}.ram"
+    dst = Peer("qmigd", "dest", [("mem", d_img, SIZE)], "mfwait-dst",
+               extra=["--link-timeout", "1000"])
+    try:
+        dst.set_migration(True)
+        port = start_incoming(dst)
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(struct.pack(">II", 0x5145564D, 3))  # QEVM, version 3
+            t0 = time.monotonic()
+            di = wait_status(dst, ("failed",), timeout=10, fail_on=("completed", "cancelled"))
+            took = time.monotonic() - t0
+        check("0 of 2 multifd channels arrived within 1 s" in di.get("error-desc", ""), di)
+        check(took < 5, f"failed after {took:.1f} s")
+        s_img = f"/dev/shm/{unique_name('mfwait-src')}.ram"
+        make_image(s_img, SIZE, "mixed")
+        src = Peer("qmigd", "source", [("mem", s_img, SIZE)], "mfwait-src")
+        try:
+            a, b, _ = migrate(src, dst, multifd=True, timeout=60)
+            check(a["status"] == "completed" and b["status"] == "completed", (a, b))
+        finally:
+            src.stop()
+            remove(s_img)
+    finally:
+        dst.stop()
+        remove(d_img)
 
 
 @test
