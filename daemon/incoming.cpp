@@ -24,6 +24,7 @@ IncomingMigration::IncomingMigration(uv_loop_t *loop, LoopDispatcher &dispatcher
 
 IncomingMigration::~IncomingMigration()
 {
+    stop_multifd_watch();
     if (child_) {
         child_->kill_now(); // the daemon quits: so does the command, all of it
     }
@@ -189,6 +190,7 @@ void IncomingMigration::fail_setup(const Error &err)
 void IncomingMigration::cleanup_channels()
 {
     end_preempt();
+    stop_multifd_watch();
     if (listener_) {
         listener_->close();
         listener_.reset();
@@ -226,6 +228,7 @@ void IncomingMigration::maybe_start()
             return;
         }
     }
+    stop_multifd_watch();
     // mapped-ram never sends MULTIFD_FLUSH: its multifd is the file readers.
     bool channels = !multifd_.empty();
     load_cfg_ = LoadvmConfig{};

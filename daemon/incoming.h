@@ -191,6 +191,18 @@ private:
     std::optional<Channel> main_;
     MappedRamFileIn file_in_; // mapped-ram: main_'s file, and O_DIRECT fds
     std::vector<std::optional<Channel>> multifd_;
+    // Multifd on here, the main channel in, multifd channels missing: a
+    // source with multifd off sends RAM pages on the main channel and
+    // never opens one (QEMU 10 waits in `setup` for ever). Polls the main
+    // channel's queued bytes until the channels come or kMultifdWaitMs
+    // (or the link timeout, if shorter).
+    static constexpr uint64_t kMultifdWaitMs = 10000;
+    static constexpr int kMainPagesQueued = 32 * 1024; // more than any setup part
+    uv_timer_t *multifd_wait_ = nullptr;
+    uint64_t main_since_ms_ = 0;
+    void watch_multifd();
+    void check_multifd_missing();
+    void stop_multifd_watch();
     // What strangers on the migration port may hold (connections that have
     // not identified themselves, TLS handshakes): bounded, with a deadline.
     ListenerLimits stranger_limits() const;

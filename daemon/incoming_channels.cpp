@@ -4,6 +4,7 @@
 // there is one, and what strangers on the port may hold.
 #include "daemon/incoming.h"
 
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -21,6 +22,20 @@ namespace qmigd {
 static bool is_main_channel(const std::vector<uint8_t> &prefix)
 {
     return prefix.size() >= 4 && get_be32(prefix.data()) == QEMU_VM_FILE_MAGIC;
+}
+
+static bool is_multifd_init(const std::vector<uint8_t> &prefix)
+{
+    return prefix.size() >= 4 && get_be32(prefix.data()) == MULTIFD_MAGIC;
+}
+
+// Said by a destination when the two ends disagree on the multifd
+// capability (QEMU 10 says only that the stream ended, or waits).
+static Error multifd_off_here()
+{
+    return Error("a multifd channel arrived but multifd is off here: the source has the "
+                 "multifd capability on, this destination has it off: turn it on at both "
+                 "ends or neither");
 }
 
 // How long a connection may take to identify itself, and how many may be
@@ -88,6 +103,11 @@ void IncomingMigration::on_prefix(PendingConnection *c, const Error *err)
 void IncomingMigration::extra_connection(const std::vector<uint8_t> &prefix, int fd)
 {
     ::close(fd);
+    if (!params_.multifd && is_multifd_init(prefix)) {
+        spdlog::error("incoming migration: {}", multifd_off_here().message());
+        abort_with(multifd_off_here());
+        return;
+    }
     // A multifd channel of this source: its init message is whole and
     // carries our UUID (any channel id: a source with more channels than
     // we expect is what this reports).
@@ -110,6 +130,11 @@ void IncomingMigration::adopt(std::vector<uint8_t> prefix, int fd, std::shared_p
         extra_connection(prefix, fd);
         return;
     }
+    if (!params_.multifd && is_multifd_init(prefix)) {
+        ::close(fd);
+        fail_setup(multifd_off_here());
+        return;
+    }
     if (!params_.multifd || is_main_channel(prefix)) {
         if (main_) {
             ::close(fd);
@@ -122,6 +147,7 @@ void IncomingMigration::adopt(std::vector<uint8_t> prefix, int fd, std::shared_p
         }
         main_ = Channel{fd, std::move(prefix), std::move(tls)};
         maybe_start();
+        watch_multifd();
         return;
     }
     if (auto st = accept_multifd(prefix, fd, std::move(tls)); !st) {
@@ -145,6 +171,63 @@ Status IncomingMigration::accept_multifd(const std::vector<uint8_t> &prefix, int
     }
     multifd_[*id] = Channel{fd, {}, std::move(tls)};
     return {};
+}
+
+void IncomingMigration::watch_multifd()
+{
+    if (!params_.multifd || !main_ || loading() || status_ != MigrationStatus::Setup ||
+        multifd_wait_) {
+        return;
+    }
+    main_since_ms_ = uv_now(loop_);
+    multifd_wait_ = new uv_timer_t;
+    uv_timer_init(loop_, multifd_wait_);
+    multifd_wait_->data = this;
+    uv_timer_start(
+        multifd_wait_,
+        [](uv_timer_t *t) { static_cast<IncomingMigration *>(t->data)->check_multifd_missing(); },
+        50, 50);
+}
+
+void IncomingMigration::stop_multifd_watch()
+{
+    if (multifd_wait_) {
+        sweeper_close(&multifd_wait_);
+    }
+}
+
+// Loop thread, every 50 ms while the multifd channels are missing.
+void IncomingMigration::check_multifd_missing()
+{
+    if (!main_ || loading() || status_ != MigrationStatus::Setup) {
+        stop_multifd_watch();
+        return;
+    }
+    size_t have = 0;
+    for (const auto &ch : multifd_) {
+        have += ch ? 1 : 0;
+    }
+    int queued = 0;
+    if (have == 0 && ::ioctl(main_->fd, FIONREAD, &queued) == 0 && queued > kMainPagesQueued) {
+        fail_setup(Error(fmt::format(
+            "the main channel carries RAM pages ({} bytes queued) and no multifd channel came: "
+            "the source has the multifd capability off, this destination has it on: turn it "
+            "on at both ends or neither",
+            queued)));
+        return;
+    }
+    // A shorter --link-timeout bounds the wait too: a channel that has
+    // not come by then is on a dead link or nowhere.
+    uint64_t wait_ms = params_.link_timeout_ms
+                           ? std::min<uint64_t>(kMultifdWaitMs, params_.link_timeout_ms)
+                           : kMultifdWaitMs;
+    if (uv_now(loop_) - main_since_ms_ >= wait_ms) {
+        fail_setup(Error(fmt::format(
+            "{} of {} multifd channels arrived within {:.3g} s of the main channel: the source "
+            "has the multifd capability off? This destination has it on: turn it on at both "
+            "ends or neither",
+            have, multifd_.size(), double(wait_ms) / 1000)));
+    }
 }
 
 // How many bytes a TLS connection's first record takes (header and body):

@@ -537,6 +537,9 @@ Status MigrationThread::run()
             return *verdict;
         }
     }
+    if (!st && multifd_ && !shared_.cancel_requested) {
+        return multifd_peer_closed_hint(st.error());
+    }
     return st;
 }
 

@@ -52,6 +52,25 @@ void MultiFDSend::start()
     }
 }
 
+Error multifd_peer_closed_hint(Error e)
+{
+    const std::string &m = e.message();
+    if (m.find("multifd on at both ends") != std::string::npos) {
+        return e; // said already, by the channel that failed first
+    }
+    if (m.find("Connection reset") != std::string::npos ||
+        m.find("Broken pipe") != std::string::npos) {
+        return Error(m + " (the destination closed the multifd channels: is multifd on at "
+                         "both ends?)");
+    }
+    return e;
+}
+
+static Error multifd_channel_error(const Error &e, uint32_t id)
+{
+    return multifd_peer_closed_hint(Error(e).prepend(fmt::format("multifd channel {}: ", id)));
+}
+
 void MultiFDSend::set_error(const Error &e)
 {
     std::lock_guard<std::mutex> lk(mu_);
@@ -384,7 +403,7 @@ void MultiFDSend::channel_main(Channel &ch)
     }
     lk.unlock();
     if (!st) {
-        set_error(Error(st.error()).prepend(fmt::format("multifd channel {}: ", ch.id)));
+        set_error(multifd_channel_error(st.error(), ch.id));
     }
 }
 

@@ -63,6 +63,12 @@ struct MultiFDJob {
     }
 };
 
+// A destination that has multifd off closes the multifd channels it
+// accepts (QEMU 10 without a word): the source's write then fails with a
+// reset or broken pipe, on a multifd channel or the main one, which alone
+// does not say why. Adds the likely reason to such an error.
+Error multifd_peer_closed_hint(Error e);
+
 class MultiFDSend {
 public:
     // `file`: the mapped-ram layout when fds are files; null for sockets.

@@ -210,7 +210,11 @@ Status Loader::ram_load(uint8_t type)
         }
         case RAM_SAVE_FLAG_MULTIFD_FLUSH:
             if (!cfg_.multifd) {
-                return fail("MULTIFD_FLUSH received but multifd is not enabled");
+                // The source has multifd on: its flush came before the
+                // destination saw its multifd channels arrive.
+                return fail("MULTIFD_FLUSH received but multifd is off here: the source has "
+                            "the multifd capability on, this destination has it off: turn it "
+                            "on at both ends or neither");
             }
             QMIGD_TRY(h_.multifd_flush());
             result_.flushes++;

@@ -6,8 +6,8 @@ both sides completed, by their MIGRATION event timestamps), CPU seconds of both 
 private/anonymous) of each, ratios to QEMU -> QEMU, and the share of this
 machine's limits (`qmigd limits`) that qmigd -> qmigd reached.
 
-  scripts/bench.py                       # one cell: 4G mixed, 4 channels, zpd multifd
-  scripts/bench.py --grid                # the whole grid of the speed issue
+  scripts/bench.py                       # one cell: a 4 GiB image, mixed, 4 channels
+  scripts/bench.py --grid                # every cell of two grids (see --grid below)
   scripts/bench.py --content zero,random --channels 0,4 --zpd legacy,multifd
   scripts/bench.py --backing thp --size 2G --limits --out results.md --plot results.png
   scripts/bench.py --size 2G --content text,mixed --compression zlib,zstd
@@ -15,6 +15,8 @@ machine's limits (`qmigd limits`) that qmigd -> qmigd reached.
 
 Backings: shm (/dev/shm, 4 KiB pages), thp (a huge=always tmpfs it mounts),
 hugetlbfs (it mounts one and sets vm.nr_hugepages, restoring both after).
+Images are 4 GiB unless --size says otherwise (--grid: 4 GiB on shm, 2 GiB
+on huge pages), made in the backing: have twice that free there.
 """
 import argparse
 import json
@@ -26,7 +28,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
-from charts import bar_chart, require_matplotlib  # noqa: E402
+from charts import (WHISKERS, bar_chart, require_matplotlib, runs_words, size_words,  # noqa: E402
+                    spread)  # noqa: E402
 from runner import Peer, make_image, migrate, files_equal, remove, unique_name, QMIGD  # noqa: E402
 from backing import backing_dir, Unavailable  # noqa: E402
 from qmp_args import parse_size  # noqa: E402
@@ -317,42 +320,80 @@ def table(results, size, limits):
     return "\n".join(lines)
 
 
+BACKING_WORDS = {"shm": "/dev/shm", "thp": "huge-page tmpfs", "hugetlbfs": "hugetlbfs"}
+CONTENT_WORDS = {"zero": "zero pages", "random": "random data", "mixed": "mixed pages",
+                 "text": "text"}
+ZPD_WORDS = {"none": "no zero-page check", "legacy": "zero check on the main thread",
+             "multifd": "zero check on the channels"}
+
+
+def cell_words(cell):
+    """A cell as a chart labels it: "/dev/shm, zero pages, 4 channels"
+    (the zero-page detection only where it is not multifd's own)."""
+    backing, content, ch, zpd, comp = cell
+    parts = [BACKING_WORDS.get(backing, backing), CONTENT_WORDS.get(content, content),
+             f"{ch} channel{'s' if ch != 1 else ''}" if ch else "no multifd"]
+    if zpd != "multifd" or not ch:
+        parts.append(ZPD_WORDS.get(zpd, zpd))
+    if comp != "none":
+        parts.append(f"{comp} compression")
+    if TLS_DIRS:
+        parts.append("TLS")
+    return ", ".join(parts)
+
+
 def plot(results, path):
     cells = list(results)
-    series = {f"{NAMES[a]} → {NAMES[b]}": [median(results[c][(a, b)], "secs")
-                                            if results[c].get((a, b)) else None for c in cells]
-              for a, b in PAIRS}
-    bar_chart(path, "QEMU 10 vs qmigd, the same image on the same machine",
-              "migration time, s (median; lower is better)", [fmt_cell(c) for c in cells],
-              series)
+
+    def per_pair(fn):
+        return {f"{NAMES[a]} → {NAMES[b]}": [fn(results[c][(a, b)]) if results[c].get((a, b))
+                                             else None for c in cells] for a, b in PAIRS}
+    sizes = sorted({CELL_SIZE[c] for c in cells if CELL_SIZE.get(c)})
+    counts = [len(r) for per in results.values() for r in per.values()] or [1]
+    bar_chart(path, f"QEMU 10 vs qmigd migrating the same "
+              f"{' and '.join(size_words(s) for s in sizes) or ''} image on the same machine, "
+              f"{runs_words(counts)}",
+              "wall time, s (lower is better)", [cell_words(c) for c in cells],
+              per_pair(lambda r: median(r, "secs")),
+              spreads=per_pair(lambda r: spread([x["secs"] for x in r])),
+              cpu=("CPU time of both processes, s", per_pair(lambda r: median(r, "cpu")),
+                   per_pair(lambda r: spread([x["cpu"] for x in r]))),
+              note=WHISKERS if max(counts) > 1 else None)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--grid", action="store_true", help="the speed issue's whole grid")
-    ap.add_argument("--backing", default="shm", help="shm,thp,hugetlbfs (comma list)")
-    ap.add_argument("--size", default="4G")
-    ap.add_argument("--content", default="mixed", help="zero,random,mixed,text")
-    ap.add_argument("--channels", default="4", help="comma list; 0 = multifd off")
-    ap.add_argument("--zpd", default="multifd", help="none,legacy,multifd")
-    ap.add_argument("--compression", default="none", help="none,zlib,zstd (multifd-compression)")
+    ap.add_argument("--grid", action="store_true", help="every cell of two grids: shm 4G x content zero,random,mixed,text x "
+                    "channels 0,1,2,4,8 x zpd none,legacy,multifd; thp,hugetlbfs 2G x "
+                    "zero,random,mixed x 4 channels (overrides the cell options below)")
+    ap.add_argument("--backing", default="shm", help="shm,thp,hugetlbfs (comma list; default %(default)s)")
+    ap.add_argument("--size", default="4G",
+                    help="image size, QEMU's syntax (default %(default)s: 4 GiB per image)")
+    ap.add_argument("--content", default="mixed", help="zero,random,mixed,text (comma list; default %(default)s)")
+    ap.add_argument("--channels", default="4", help="multifd channels, comma list; 0 = multifd off (default %(default)s)")
+    ap.add_argument("--zpd", default="multifd", help="zero-page-detection: none,legacy,multifd (default %(default)s)")
+    ap.add_argument("--compression", default="none", help="multifd-compression: none,zlib,zstd (default %(default)s)")
     ap.add_argument("--tls", action="store_true",
-                    help="every run over TLS (certificates made with certtool)")
-    ap.add_argument("--repeat", type=int, default=3)
+                    help="every run over TLS (certificates made with certtool; default off)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per cell and pair (default %(default)s)")
     ap.add_argument("--repeat-short", type=int, default=3,
-                    help=f"runs at least, for a cell whose runs all took under {SHORT_SECS:.0f} s")
-    ap.add_argument("--pairs", default="qemu:qemu,qmigd:qmigd,qemu:qmigd,qmigd:qemu")
+                    help=f"runs at least, for a cell whose runs all took under {SHORT_SECS:.0f} s "
+                    "(default %(default)s)")
+    ap.add_argument("--pairs", default="qemu:qemu,qmigd:qmigd,qemu:qmigd,qmigd:qemu",
+                    help="source:destination pairs, interleaved (default %(default)s)")
     ap.add_argument("--verify", choices=["first", "all"], default="first",
-                    help="compare images after the first repeat only, or after every run")
+                    help="compare images after the first repeat only, or after every run "
+                    "(default %(default)s)")
     ap.add_argument("--warmup", type=int, default=1,
-                    help="one untimed qmigd -> qmigd run per image first (0: none)")
-    ap.add_argument("--limits", action="store_true", help="measure this machine's limits")
-    ap.add_argument("--out", help="write the markdown table here")
-    ap.add_argument("--json", help="write all runs here")
-    ap.add_argument("--plot", help="write a PNG chart here")
+                    help="one untimed qmigd -> qmigd run per image first (0: none; default "
+                    "%(default)s)")
+    ap.add_argument("--limits", action="store_true", help="measure this machine's limits (default off)")
+    ap.add_argument("--out", help="write the markdown table here (default: print only)")
+    ap.add_argument("--json", help="write all runs here (default: none)")
+    ap.add_argument("--plot", help="write a PNG chart here (default: none)")
     ap.add_argument("--from-json", help="only print the table (and --plot the chart) of an "
-                    "earlier --json file")
+                    "earlier --json file (default: measure)")
     args = ap.parse_args()
     if args.plot:
         require_matplotlib()  # now, not after the whole run
@@ -395,7 +436,8 @@ def main():
         for k, v in g.items():
             setattr(args, k, v)
         size = parse_size(args.size)
-        print(f"{args.size} images, {args.repeat} runs each ({args.repeat_short} if under "
+        print(f"{args.size} images ({size_words(size)} each, two per run: have "
+              f"{size_words(2 * size)} free), {args.repeat} runs each ({args.repeat_short} if under "
               f"{SHORT_SECS:.0f} s), pairs interleaved", flush=True)
         for backing in args.backing:
             run_backing(backing, size, args, results, limits)

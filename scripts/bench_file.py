@@ -21,7 +21,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
-from charts import bar_chart, require_matplotlib  # noqa: E402
+from charts import (WHISKERS, bar_chart, fmt3, require_matplotlib, runs_words,  # noqa: E402
+                    size_words, spread)  # noqa: E402
 from runner import Peer, make_image, wait_status, files_equal, remove, unique_name  # noqa: E402
 from qmp_args import parse_size  # noqa: E402
 
@@ -154,10 +155,16 @@ def main():
                   f"{100 * mbq / disk:.0f}%) | {m:.2f} ({mbm:.0f}, {100 * mbm / disk:.0f}%) "
                   f"| {m / q:.2f}x |")
         if args.plot:
-            bar_chart(args.plot, f"Saving to and restoring from a file: {cfg}",
-                      "seconds (median; lower is better)", ["save", "restore"],
+            words = (f"a {size_words(size)} image of {args.content} pages, mapped-ram, "
+                     f"{str(args.channels) + ' channels' if args.channels else 'no multifd'}"
+                     f"{', direct-io' if direct_io else ''}, {runs_words([args.repeat])}")
+            bar_chart(args.plot, f"Saving to and restoring from a file: {words}",
+                      "seconds (lower is better)", ["save", "restore"],
                       {"QEMU 10": med["qemu"][:2], "qmigd": med["qmigd"][:2]},
-                      note=f"disk O_DIRECT: write {wr:.0f} MB/s, read {rd:.0f} MB/s")
+                      spreads={"QEMU 10": [spread([x[i] for x in runs["qemu"]]) for i in (0, 1)],
+                               "qmigd": [spread([x[i] for x in runs["qmigd"]]) for i in (0, 1)]},
+                      note=f"disk O_DIRECT: write {fmt3(wr)} MB/s, read {fmt3(rd)} MB/s"
+                      + (f"; {WHISKERS}" if args.repeat > 1 else ""))
     finally:
         remove(src_img)
         for name in os.listdir(directory):

@@ -29,7 +29,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from runner import Peer, start_incoming, wait_status, completed_at  # noqa: E402
 import linux_guest as lg  # noqa: E402
-from charts import bar_chart, require_matplotlib  # noqa: E402
+from qmp_args import parse_size  # noqa: E402
+from charts import (WHISKERS, bar_chart, require_matplotlib, runs_words, size_words,  # noqa: E402
+                    spread)  # noqa: E402
 
 
 def timed(src, dst, channels, postcopy=False):
@@ -135,11 +137,18 @@ def main():
             print(f"| {name} | {med['running']:.3f} | {med['secs']:.2f} | {med['downtime']:.0f} | "
                   f"{med['requests']:.0f} | {gap} |")
         if args.plot:
-            bar_chart(args.plot, f"Parking and resuming a {args.mem} Linux guest holding "
-                      f"{args.fill} MiB, median of {args.repeat}",
+            bar_chart(args.plot, f"Parking and resuming a Linux guest of "
+                      f"{size_words(parse_size(args.mem))} holding {args.fill} MiB of random "
+                      f"data, {runs_words([args.repeat])}",
                       "seconds from migrate (lower is better)", ROWS,
                       {"the target runs the guest": [meds[n]["running"] for n in ROWS],
-                       "both sides completed": [meds[n]["secs"] for n in ROWS]})
+                       "both sides completed": [meds[n]["secs"] for n in ROWS]},
+                      spreads={"the target runs the guest":
+                               [spread([x["running"] for x in runs[n]]) for n in ROWS],
+                               "both sides completed":
+                               [spread([x["secs"] for x in runs[n]]) for n in ROWS]},
+                      note=f"precopy: {args.channels} multifd channels"
+                      + (f"; {WHISKERS}" if args.repeat > 1 else ""))
     finally:
         if guest:
             guest.stop()
