@@ -20,7 +20,7 @@ namespace qmigd {
 
 namespace {
 
-constexpr const char *kFormat = "qmigd-parked-vm";
+constexpr const char *kParkedVmFormat = "qmigd-parked-vm";
 constexpr int kVersion = 1;
 
 std::string record_path(const std::string &dir) { return dir + "/vm.json"; }
@@ -239,7 +239,7 @@ Result<ParkedVm> parse_record(const std::string &dir, const std::string &text)
 {
     json j = json::parse(text, nullptr, false);
     if (j.is_discarded() || !j.is_object() || !j.contains("format") ||
-        j["format"] != kFormat) {
+        j["format"] != kParkedVmFormat) {
         return Error(fmt::format("'{}' is not a parked VM record", record_path(dir)));
     }
     if (!j.contains("version") || j["version"] != kVersion) {
@@ -339,7 +339,7 @@ namespace {
 
 std::string record_text(const ParkedVm &vm)
 {
-    nlohmann::json j = {{"format", kFormat},
+    nlohmann::json j = {{"format", kParkedVmFormat},
                         {"version", kVersion},
                         {"ram-section-id", vm.ram_section_id},
                         {"device-state-bytes", vm.device_state.size()}};

@@ -133,9 +133,9 @@ using nlohmann::json;
 // qapi/crypto.json): object-add's arguments are checked against it with
 // QEMU's own errors before anything reads them.
 const QapiType kPolicy = qapi_enum({"deny", "allow"});
-const QapiType kFormat = qapi_enum({"exact", "glob"});
+const QapiType kAuthzFormat = qapi_enum({"exact", "glob"});
 const QapiType kRule =
-    qapi_struct({{"match", &kQapiStr}, {"policy", &kPolicy}, {"format", &kFormat, true}});
+    qapi_struct({{"match", &kQapiStr}, {"policy", &kPolicy}, {"format", &kAuthzFormat, true}});
 const QapiType kRules = qapi_list_of(&kRule);
 const QapiType kAuthzList = qapi_struct({{"policy", &kPolicy, true}, {"rules", &kRules, true}});
 const QapiType kEndpoint = qapi_enum({"client", "server"});
