@@ -95,6 +95,20 @@ def test_charts_in_the_docs_exist():
 
 
 @test
+def test_bench_help_says_its_defaults():
+    """bench.py --help: how big its images are and every option's default,
+    in words a newcomer reads (no issue tracker's vocabulary)."""
+    out = run_ok([PYTHON, os.path.join(SCRIPTS, "bench.py"), "--help"], 60)
+    check("4 GiB" in out and "issue" not in out, out)
+    opts = out.split("options:", 1)[1]
+    blocks = re.split(r"\n  (?=-)", opts)
+    for b in filter(str.strip, blocks):
+        name = b.split()[0]
+        if name not in ("-h,", "--grid", "--from-json"):
+            check("default" in b, f"bench.py --help gives no default for {name}: {b}")
+
+
+@test
 def test_migration_timeline_chart():
     """qmig run --plot: a live migration (a guest dirtying a hot set while
     it moves) drawn as a timeline, its samples beside it with the dirty
