@@ -297,7 +297,7 @@ Result<std::vector<uint8_t>> IncomingMigration::tls_identify(int fd, std::vector
         return t.error();
     }
     *tls = std::move(*t);
-    progress.identifying = true;
+    progress.set_identifying();
     std::vector<uint8_t> p(MULTIFD_INIT_SIZE);
     size_t have = 0, want = 4;
     Result<std::vector<uint8_t>> out = Error("the channel closed before it identified itself");

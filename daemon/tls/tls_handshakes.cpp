@@ -1,5 +1,7 @@
 #include "daemon/tls/tls_handshakes.h"
 
+#include <chrono>
+
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -63,22 +65,58 @@ void TlsHandshakes::reap_ended()
     }
 }
 
+namespace {
+
+int64_t steady_ms()
+{
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+// A source's channel sends its first bytes right after its handshake; one
+// that has not within this long is a stranger that only shook hands.
+constexpr int64_t kIdentifyGraceMs = 50;
+
+} // namespace
+
+void TlsHandshakes::Progress::set_identifying()
+{
+    identifying_since_ms = steady_ms(); // Pairs with the acquire of `identifying` below.
+    identifying.store(true, std::memory_order_release);
+}
+
+bool TlsHandshakes::Progress::silent_after_handshake() const
+{
+    return identifying.load(std::memory_order_acquire) &&
+           steady_ms() - identifying_since_ms.load() >= kIdentifyGraceMs;
+}
+
+// Which handshake a newcomer ends when all places are taken, in order:
+// one that shook hands and stayed silent past the grace (the longest
+// silent first); else the handshake whose peer sent the fewest bytes (a
+// stalled ClientHello; the oldest of equals); else one within its grace.
+// A source's channel is never first: it handshakes at full speed and
+// identifies itself within the grace.
 TlsHandshakes::Entry *TlsHandshakes::to_evict()
 {
+    auto rank = [](const Entry &e) {
+        return e.progress.silent_after_handshake() ? 0 : e.progress.identifying.load() ? 2 : 1;
+    };
     Entry *pick = nullptr;
+    int pick_rank = 3;
     for (Entry &e : entries_) {
         if (e.ended) {
             continue;
         }
-        if (!pick) {
+        int r = rank(e);
+        // Entries are in start order: a later one wins only by the rule.
+        bool better = r < pick_rank ||
+                      (r == pick_rank && r == 1 &&
+                       e.progress.bytes.load() < pick->progress.bytes.load());
+        if (better) {
             pick = &e;
-            continue;
-        }
-        bool a = e.progress.identifying.load(), b = pick->progress.identifying.load();
-        uint64_t ea = e.progress.bytes.load(), eb = pick->progress.bytes.load();
-        // Entries are in start order: a later one only wins by the rule.
-        if ((a && !b) || (a == b && !a && ea < eb)) {
-            pick = &e;
+            pick_rank = r;
         }
     }
     return pick;

@@ -39,6 +39,12 @@ public:
     struct Progress {
         std::atomic<uint64_t> bytes{0};       // received from the peer
         std::atomic<bool> identifying{false}; // handshake done, first bytes awaited
+        // steady_clock ms when `identifying` was set (before it): a source
+        // sends its first bytes at once, but "at once" is not zero time.
+        std::atomic<int64_t> identifying_since_ms{0};
+        void set_identifying();
+        // Identifying for longer than a source ever takes: first to go.
+        bool silent_after_handshake() const;
     };
     // Runs on the loop when a handshake thread is done; `ended`: this table
     // ended it (deadline, or evicted for a newer connection).
