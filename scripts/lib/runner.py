@@ -42,6 +42,10 @@ LOG_DIR = os.environ.get("QMIGD_LOG_DIR", "/tmp")
 # QMIGD_SANDBOX=on (what the release build's ctest sets): every qmigd the
 # tests start runs confined (--sandbox), unless the test gives its own.
 SANDBOX = os.environ.get("QMIGD_SANDBOX", "")
+# QMIGD_SANITIZED=address|thread (the sanitizer builds' ctest sets it): the
+# daemon runs several times slower and its RSS holds the sanitizer's shadow
+# memory, so bounds on time and memory are for the release build only.
+SANITIZED = os.environ.get("QMIGD_SANITIZED", "")
 
 
 def sandbox_allow_spawn():

@@ -17,6 +17,7 @@ import time
 from itest import test, main, check, skip
 from fixtures import images, MiB, NotifySocket
 from runner import sandbox_spawning, Peer, QMIGD, unique_name, wait_status, start_incoming, files_equal, free_port
+import runner  # noqa: E402
 from qmp import QMP
 import loop_watch
 
@@ -299,7 +300,8 @@ def test_quit_during_a_lookup():
                     p.qmp.execute("quit")
                     p.proc.wait(timeout=25)
                     took = time.monotonic() - t0
-                    check(took < 1.0, f"{role}: quit took {took:.2f} s during a lookup")
+                    limit = 3.0 if runner.SANITIZED else 1.0  # the lookup's own: 20 s
+                    check(took < limit, f"{role}: quit took {took:.2f} s during a lookup")
                 finally:
                     p.stop()
             check(dns.count() > 0, "the resolver never asked the test's DNS server")
