@@ -8,11 +8,11 @@
 
 #include <uv.h>
 
-#include "daemon/incoming.h"
+#include "daemon/dest/incoming.h"
 #include "daemon/service/metrics_server.h"
 #include "daemon/service/service_notify.h"
 #include "daemon/loop_dispatcher.h"
-#include "daemon/outgoing.h"
+#include "daemon/source/outgoing.h"
 #include "daemon/park/parked_vm.h"
 #include "daemon/ram_blocks.h"
 #include "monitor/migration_config.h"

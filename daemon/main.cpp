@@ -10,8 +10,8 @@
 #include "daemon/service/journal_log.h"
 
 #include "daemon/daemon.h"
-#include "daemon/guest.h"
-#include "daemon/limits.h"
+#include "daemon/tools/guest.h"
+#include "daemon/tools/limits.h"
 
 using namespace qmigd;
 

@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon/tls/tls_session.h"
@@ -402,6 +403,15 @@ void PeerWriteGuard::reset()
     std::lock_guard<std::mutex> lk(mu_);
     fd_ = -1;
     aborted_ = false;
+}
+
+Status return_path_check(int fd)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) {
+        return Error("the return path needs a socket (tcp:, unix:, or fd: of a socket)");
+    }
+    return {};
 }
 
 } // namespace qmigd

@@ -139,6 +139,10 @@ private:
 size_t bytes_queued(int fd);
 // Wakes a thread blocked on fd (shutdown both directions); idempotent.
 void shutdown_fd(int fd);
+
+// The return path is the main channel's socket read the other way: a file
+// or a pipe has none. QEMU's qemu_file_get_return_path() needs a socket too.
+Status return_path_check(int fd);
 // Makes a dup of a libuv-owned socket that blocks, with TCP_NODELAY.
 Result<int> take_blocking_fd(int uv_fd);
 // A new connection to where fd is connected (postcopy's preempt channel

@@ -5,7 +5,7 @@
 // into the socket, and tells on the socket's error queue when it is done
 // with each sendmsg(), and whether it had to copy after all (loopback and
 // most virtual devices always do). Until then the memory must stay as it
-// is, so pages go from the guest's memory itself (MultiFDSend reads them
+// is, so pages go from the guest's memory itself (MultifdSend reads them
 // there whatever the page path): a buffer the channel reuses would be
 // overwritten under the kernel's feet.
 //

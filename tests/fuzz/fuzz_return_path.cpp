@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "daemon/page_requests.h"
-#include "daemon/postcopy_recovery.h"
+#include "daemon/source/page_requests.h"
+#include "daemon/source/postcopy_recovery.h"
 #include "protocol/return_path.h"
 
 using namespace qmigd;

@@ -11,9 +11,10 @@
 #include <thread>
 #include <unistd.h>
 
-#include "daemon/page_requests.h"
-#include "daemon/postcopy_recovery.h"
-#include "daemon/return_path.h"
+#include "daemon/source/page_requests.h"
+#include "daemon/source/postcopy_recovery.h"
+#include "daemon/dest/return_path.h"
+#include "daemon/source/return_path.h"
 #include "daemon/socket_io.h"
 #include "ramstate/received_bitmap.h"
 #include "protocol/device_state.h"

@@ -1,5 +1,5 @@
 // XBZRLE encoding and decoding (protocol/xbzrle.h), the page cache
-// (ramstate/page_cache.h), the source's choices (daemon/xbzrle_save.h) and
+// (ramstate/page_cache.h), the source's choices (daemon/source/xbzrle_save.h) and
 // the loader's XBZRLE records with their refusals in QEMU's words.
 #include <catch2/catch.hpp>
 
@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "daemon/xbzrle_save.h"
+#include "daemon/source/xbzrle_save.h"
 #include "protocol/xbzrle.h"
 #include "ramstate/page_cache.h"
 

@@ -1,82 +1,16 @@
-#include "daemon/return_path.h"
-
-#include <sys/socket.h>
-#include <sys/stat.h>
+#include "daemon/source/return_path.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "daemon/page_requests.h"
-#include "daemon/postcopy_recovery.h"
 #include "daemon/socket_io.h"
+#include "daemon/source/page_requests.h"
+#include "daemon/source/postcopy_recovery.h"
 #include "daemon/thread_name.h"
 #include "protocol/postcopy.h"
 #include "protocol/return_path.h"
 
 namespace qmigd {
-
-Status return_path_check(int fd)
-{
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) {
-        return Error("the return path needs a socket (tcp:, unix:, or fd: of a socket)");
-    }
-    return {};
-}
-
-Result<std::unique_ptr<ReturnPathOut>> ReturnPathOut::open(int fd, TlsSession *tls,
-                                                           PeerWriteGuard &guard)
-{
-    QMIGD_TRY(return_path_check(fd));
-    return std::unique_ptr<ReturnPathOut>(new ReturnPathOut(fd, tls, guard));
-}
-
-Status ReturnPathOut::send(const std::vector<uint8_t> &msg)
-{
-    QMIGD_TRY(guard_.begin(fd_, msg.size()));
-    Status st = channel_write(fd_, tls_, msg.data(), msg.size());
-    guard_.end();
-    return st;
-}
-
-Status ReturnPathOut::pong(uint32_t value)
-{
-    std::vector<uint8_t> msg;
-    rp_put_pong(msg, value);
-    return send(msg);
-}
-
-Status ReturnPathOut::recv_bitmap(const std::string &idstr, const std::vector<uint64_t> &bits,
-                                  uint64_t pages)
-{
-    std::vector<uint8_t> msg;
-    rp_put_recv_bitmap(msg, idstr);
-    rp_put_recv_bitmap_data(msg, bits, pages);
-    return send(msg);
-}
-
-Status ReturnPathOut::resume_ack()
-{
-    std::vector<uint8_t> msg;
-    rp_put_resume_ack(msg, MIGRATION_RESUME_ACK_VALUE);
-    return send(msg);
-}
-
-Status ReturnPathOut::switchover_ack()
-{
-    std::vector<uint8_t> msg;
-    rp_put_switchover_ack(msg);
-    return send(msg);
-}
-
-void ReturnPathOut::shut(bool failed)
-{
-    std::vector<uint8_t> msg;
-    rp_put_shut(msg, failed ? 1 : 0);
-    if (Status st = send(msg); !st) {
-        spdlog::info("return path: SHUT not delivered: {}", st.error().message());
-    }
-}
 
 ReturnPathIn::ReturnPathIn(int fd, TlsSession *tls, PageRequests *requests,
                            PostcopyRecovery *recovery)

@@ -2,13 +2,13 @@
 // postcopy_preempt_thread(), postcopy_pause_incoming() and
 // migrate-recover): the preempt channel, and a load that pauses on a
 // broken channel and goes on over the channel migrate-recover accepts.
-#include "daemon/incoming.h"
+#include "daemon/dest/incoming.h"
 
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
 
-#include "daemon/image_load_handler.h"
+#include "daemon/dest/image_load_handler.h"
 #include "daemon/socket_io.h"
 #include "daemon/thread_name.h"
 

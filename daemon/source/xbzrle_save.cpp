@@ -1,4 +1,4 @@
-#include "daemon/xbzrle_save.h"
+#include "daemon/source/xbzrle_save.h"
 
 #include <cstring>
 

@@ -51,11 +51,11 @@ struct OutgoingParams {
     bool mapped_ram = false;
     bool direct_io = false;
     // return-path: OPEN_RETURN_PATH after the header, and the migration
-    // completes only once the destination says SHUT(0) (daemon/return_path.h).
+    // completes only once the destination says SHUT(0) (source/return_path.h).
     bool return_path = false;
     // postcopy-ram: POSTCOPY_ADVISE at setup (with a return path whatever
     // return-path says), and migrate-start-postcopy switches over to
-    // postcopy (daemon/postcopy_source.cpp).
+    // postcopy (daemon/source/postcopy.cpp).
     bool postcopy_ram = false;
     // postcopy-preempt: at the switch a second connection to the
     // destination carries the pages it asks for, ahead of the main channel.
@@ -109,7 +109,7 @@ struct MigrationStats {
     std::atomic<double> mbps{0};
     std::atomic<unsigned> cpu_throttle_pct{0};
     std::atomic<uint64_t> zero_copy_missed{0}; // dirty-sync-missed-zero-copy
-    // xbzrle-cache (daemon/xbzrle_save.h); the rates per dirty-rate period.
+    // xbzrle-cache (daemon/source/xbzrle_save.h); the rates per dirty-rate period.
     std::atomic<uint64_t> xbzrle_bytes{0};
     std::atomic<uint64_t> xbzrle_pages{0};
     std::atomic<uint64_t> xbzrle_cache_miss{0};

@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "daemon/qemu_file_writer.h"
+#include "daemon/source/qemu_file_writer.h"
 #include "daemon/ram_blocks.h"
 #include "protocol/mapped_ram.h"
 

@@ -1,4 +1,4 @@
-#include "daemon/guest.h"
+#include "daemon/tools/guest.h"
 
 #include <algorithm>
 #include <atomic>

@@ -13,10 +13,10 @@
 #include <string_view>
 #include <vector>
 
-#include "daemon/migration_state.h"
-#include "daemon/return_path.h"
+#include "daemon/source/migration_state.h"
+#include "daemon/source/return_path.h"
 #include "daemon/migration_status.h"
-#include "daemon/qemu_file_writer.h"
+#include "daemon/source/qemu_file_writer.h"
 #include "daemon/ram_blocks.h"
 #include "protocol/error.h"
 #include "ramstate/guest_control.h"
@@ -24,7 +24,7 @@
 namespace qmigd {
 
 class MappedRamSave;
-class MultiFDSend;
+class MultifdSend;
 class PageRequests;
 class PostcopyRecovery;
 struct PageChannel;
@@ -86,7 +86,7 @@ private:
     // without.
     void put_device_state(ByteWriter &w, bool running, bool eof);
     void put_iterable_sections(ByteWriter &w, bool setup);
-    // Postcopy (postcopy_source.cpp).
+    // Postcopy (source/postcopy.cpp).
     bool postcopy_requested() const;
     Status postcopy_start();
     Status preempt_connect();
@@ -129,7 +129,7 @@ private:
     QEMUFileWriter out_;
     // mapped-ram: pages go to fixed places in the file, not into the stream.
     std::unique_ptr<MappedRamSave> file_;
-    std::unique_ptr<MultiFDSend> multifd_;
+    std::unique_ptr<MultifdSend> multifd_;
     std::unique_ptr<RamSave> ram_; // the bitmaps and the page walk (ram_save.h)
     std::unique_ptr<XbzrleSave> xbzrle_; // with xbzrle, from setup on
     // The counters at the start of the dirty-rate period.

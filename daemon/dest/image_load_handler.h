@@ -7,10 +7,10 @@
 #include <memory>
 #include <vector>
 
-#include "daemon/mapped_ram_load.h"
-#include "daemon/multifd_recv.h"
+#include "daemon/dest/mapped_ram_load.h"
+#include "daemon/dest/multifd_recv.h"
 #include "daemon/ram_blocks.h"
-#include "daemon/return_path.h"
+#include "daemon/dest/return_path.h"
 #include "protocol/loadvm.h"
 #include "ramstate/received_bitmap.h"
 

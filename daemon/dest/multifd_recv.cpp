@@ -1,4 +1,4 @@
-#include "daemon/multifd_recv.h"
+#include "daemon/dest/multifd_recv.h"
 
 #include <fmt/format.h>
 

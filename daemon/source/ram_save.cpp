@@ -1,4 +1,4 @@
-#include "daemon/ram_save.h"
+#include "daemon/source/ram_save.h"
 
 #include <algorithm>
 #include <bit>
@@ -9,7 +9,7 @@
 namespace qmigd {
 
 RamSave::RamSave(std::vector<RAMBlock> &blocks, ZeroPageDetection zpd, QEMUFileWriter &out,
-                 int main_fd, MultiFDSend *multifd, MappedRamSave *file)
+                 int main_fd, MultifdSend *multifd, MappedRamSave *file)
     : blocks_(blocks), zpd_(zpd), out_(out), main_fd_(main_fd), multifd_(multifd), file_(file),
       main_{out, {}}
 {

@@ -1,9 +1,9 @@
-#include "daemon/postcopy_recovery.h"
+#include "daemon/source/postcopy_recovery.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "daemon/return_path.h"
+#include "daemon/source/return_path.h"
 #include "protocol/postcopy.h"
 #include "protocol/wire.h"
 

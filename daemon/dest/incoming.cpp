@@ -1,4 +1,4 @@
-#include "daemon/incoming.h"
+#include "daemon/dest/incoming.h"
 
 #include <sys/socket.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-#include "daemon/page_requests.h"
+#include "daemon/source/page_requests.h"
 
 #include <algorithm>
 

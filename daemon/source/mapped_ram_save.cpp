@@ -1,4 +1,4 @@
-#include "daemon/mapped_ram_save.h"
+#include "daemon/source/mapped_ram_save.h"
 
 #include <sys/uio.h>
 

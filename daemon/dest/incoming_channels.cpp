@@ -2,7 +2,7 @@
 // migration_ioc_process_incoming() and migration_tls_incoming_handshake()):
 // what a connection is by its first bytes, after a TLS handshake where
 // there is one, and what strangers on the port may hold.
-#include "daemon/incoming.h"
+#include "daemon/dest/incoming.h"
 
 #include <sys/ioctl.h>
 #include <unistd.h>

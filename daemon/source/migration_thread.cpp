@@ -1,4 +1,4 @@
-#include "daemon/migration_thread.h"
+#include "daemon/source/migration_thread.h"
 
 #include <bit>
 #include <cstring>
@@ -9,13 +9,13 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "daemon/mapped_ram_save.h"
-#include "daemon/multifd_send.h"
-#include "daemon/page_requests.h"
-#include "daemon/postcopy_recovery.h"
-#include "daemon/ram_save.h"
+#include "daemon/source/mapped_ram_save.h"
+#include "daemon/source/multifd_send.h"
+#include "daemon/source/page_requests.h"
+#include "daemon/source/postcopy_recovery.h"
+#include "daemon/source/ram_save.h"
 #include "daemon/tls/tls_session.h"
-#include "daemon/xbzrle_save.h"
+#include "daemon/source/xbzrle_save.h"
 #include "protocol/iterable_state.h"
 #include "protocol/postcopy.h"
 #include "protocol/return_path.h"
@@ -46,7 +46,7 @@ MigrationThread::MigrationThread(const OutgoingParams &p, std::vector<RAMBlock> 
     }
     if (p_.multifd) {
         std::vector<int> mfds(fds.begin() + 1, fds.end());
-        multifd_ = std::make_unique<MultiFDSend>(
+        multifd_ = std::make_unique<MultifdSend>(
             mfds, blocks_, p_.zpd == ZeroPageDetection::Multifd, p_.uuid, file_.get(),
             p_.compression, p_.tls);
     }

@@ -24,8 +24,8 @@
 #include <uv.h>
 
 #include "daemon/loop_dispatcher.h"
-#include "daemon/migration_state.h"
-#include "daemon/migration_thread.h"
+#include "daemon/source/migration_state.h"
+#include "daemon/source/migration_thread.h"
 #include "daemon/migration_status.h"
 #include "daemon/ram_blocks.h"
 #include "daemon/io/command_channel.h"

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "daemon/io/zero_copy.h"
-#include "daemon/mapped_ram_save.h"
+#include "daemon/source/mapped_ram_save.h"
 #include "daemon/ram_blocks.h"
 #include "daemon/tls/tls_session.h"
 #include "protocol/error.h"
@@ -36,7 +36,7 @@
 namespace qmigd {
 
 // A packet's worth of queued pages of one block.
-struct MultiFDPages {
+struct MultifdPages {
     size_t block = 0;
     uint32_t num = 0;
     // The pages' bytes came with them (in the job's data): the main thread
@@ -49,10 +49,10 @@ struct MultiFDPages {
 // wakes once per job, not once per 128 pages. Wake-ups dominate where
 // packets are cheap (all-zero ranges of a sparse guest: a 1 TiB guest is 2
 // million packets) on virtual machines where a context switch costs ~10 us.
-struct MultiFDJob {
+struct MultifdJob {
     static constexpr uint32_t kPackets = 8;
     uint32_t count = 0; // packets in use; the last may be partly filled
-    MultiFDPages packets[kPackets];
+    MultifdPages packets[kPackets];
     // Page bytes of packets with_data, packet k's page i at slot
     // k * MULTIFD_PACKET_PAGES + i. Allocated on first use and kept: only a
     // migration with legacy zero-page detection on the File path needs it.
@@ -69,13 +69,13 @@ struct MultiFDJob {
 // does not say why. Adds the likely reason to such an error.
 Error multifd_peer_closed_hint(Error e);
 
-class MultiFDSend {
+class MultifdSend {
 public:
     // `file`: the mapped-ram layout when fds are files; null for sockets.
-    MultiFDSend(std::vector<int> fds, const std::vector<RAMBlock> &blocks, bool detect_zero,
+    MultifdSend(std::vector<int> fds, const std::vector<RAMBlock> &blocks, bool detect_zero,
                 const Uuid &uuid, MappedRamSave *file = nullptr,
                 MultiFDCompressionParams compression = {}, TlsParams tls = {});
-    ~MultiFDSend();
+    ~MultifdSend();
 
     // zero-copy-send: MSG_ZEROCOPY on every channel (daemon/io/zero_copy.h),
     // before start(); QEMU's error where the kernel or socket cannot.
@@ -118,12 +118,12 @@ private:
         int fd = -1;
         std::thread thread;
         std::condition_variable cv; // channel waits here for work
-        // Protected by MultiFDSend::mu_.
+        // Protected by MultifdSend::mu_.
         bool pending_job = false;
         bool pending_sync = false;
         uint64_t syncs_done = 0;
         // Owned by the channel thread while pending_job, else by main.
-        std::unique_ptr<MultiFDJob> job = std::make_unique<MultiFDJob>();
+        std::unique_ptr<MultifdJob> job = std::make_unique<MultifdJob>();
         // Channel thread only: the packet's page data on the File path
         // (page-aligned: O_DIRECT writes it as it is); a whole job's with
         // mapped-ram, which writes a job at once.
@@ -144,14 +144,14 @@ private:
     Status send_pending();
     void channel_main(Channel &ch);
     Status channel_setup(Channel &ch);
-    Status send_packet(Channel &ch, const MultiFDJob *job, uint32_t packet, uint32_t flags);
+    Status send_packet(Channel &ch, const MultifdJob *job, uint32_t packet, uint32_t flags);
     // The header as a plain write, then the pages with MSG_ZEROCOPY.
     Status send_zero_copy(Channel &ch, struct iovec *iov, int n);
     // A SYNC packet's channel: waits for its zero-copy sends to complete.
     Status flush_zero_copy(Channel &ch);
-    Status write_file_job(Channel &ch, const MultiFDJob &job);
+    Status write_file_job(Channel &ch, const MultifdJob &job);
     // Where packet `packet` of `job` finds its pages' bytes.
-    Status packet_pages(Channel &ch, const MultiFDJob &job, uint32_t packet,
+    Status packet_pages(Channel &ch, const MultifdJob &job, uint32_t packet,
                         const uint8_t **where);
     void set_error(const Error &e);
 
@@ -170,7 +170,7 @@ private:
     std::atomic<uint64_t> zero_copy_missed_{0}; // added to by the channel threads
 
     // Main thread only.
-    std::unique_ptr<MultiFDJob> pending_ = std::make_unique<MultiFDJob>();
+    std::unique_ptr<MultifdJob> pending_ = std::make_unique<MultifdJob>();
     size_t next_channel_ = 0;
 
     // One sequence for all channels (packet_num), like QEMU.

@@ -1,4 +1,4 @@
-#include "daemon/multifd_send.h"
+#include "daemon/source/multifd_send.h"
 
 #include <cstring>
 #include <sys/uio.h>
@@ -14,7 +14,7 @@
 
 namespace qmigd {
 
-MultiFDSend::MultiFDSend(std::vector<int> fds, const std::vector<RAMBlock> &blocks,
+MultifdSend::MultifdSend(std::vector<int> fds, const std::vector<RAMBlock> &blocks,
                          bool detect_zero, const Uuid &uuid, MappedRamSave *file,
                          MultiFDCompressionParams compression, TlsParams tls)
     : blocks_(blocks), detect_zero_(detect_zero), uuid_(uuid), file_(file),
@@ -25,12 +25,12 @@ MultiFDSend::MultiFDSend(std::vector<int> fds, const std::vector<RAMBlock> &bloc
         ch->id = unsigned(i);
         ch->fd = fds[i];
         ch->data = std::make_unique<AlignedBuffer>(
-            size_t(file_ ? MultiFDJob::kPackets : 1) * MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE);
+            size_t(file_ ? MultifdJob::kPackets : 1) * MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE);
         channels_.push_back(std::move(ch));
     }
 }
 
-MultiFDSend::~MultiFDSend()
+MultifdSend::~MultifdSend()
 {
     shutdown();
     for (auto &ch : channels_) {
@@ -41,7 +41,7 @@ MultiFDSend::~MultiFDSend()
     }
 }
 
-void MultiFDSend::start()
+void MultifdSend::start()
 {
     for (auto &ch : channels_) {
         Channel *c = ch.get();
@@ -71,7 +71,7 @@ static Error multifd_channel_error(const Error &e, uint32_t id)
     return multifd_peer_closed_hint(Error(e).prepend(fmt::format("multifd channel {}: ", id)));
 }
 
-void MultiFDSend::set_error(const Error &e)
+void MultifdSend::set_error(const Error &e)
 {
     std::lock_guard<std::mutex> lk(mu_);
     if (!error_) {
@@ -84,13 +84,13 @@ void MultiFDSend::set_error(const Error &e)
     }
 }
 
-Status MultiFDSend::error() const
+Status MultifdSend::error() const
 {
     std::lock_guard<std::mutex> lk(mu_);
     return error_ ? Status(*error_) : Status();
 }
 
-void MultiFDSend::shutdown()
+void MultifdSend::shutdown()
 {
     {
         std::lock_guard<std::mutex> lk(mu_);
@@ -105,12 +105,12 @@ void MultiFDSend::shutdown()
     }
 }
 
-Status MultiFDSend::queue_page(size_t block, uint64_t offset, const uint8_t *data)
+Status MultifdSend::queue_page(size_t block, uint64_t offset, const uint8_t *data)
 {
-    MultiFDJob *job = pending_.get();
-    MultiFDPages *p = job->count ? &job->packets[job->count - 1] : nullptr;
+    MultifdJob *job = pending_.get();
+    MultifdPages *p = job->count ? &job->packets[job->count - 1] : nullptr;
     if (!p || p->num == MULTIFD_PACKET_PAGES || p->block != block) {
-        if (job->count == MultiFDJob::kPackets) {
+        if (job->count == MultifdJob::kPackets) {
             QMIGD_TRY(send_pending()); // swaps pending_ with an idle channel's job
             job = pending_.get();
         }
@@ -121,7 +121,7 @@ Status MultiFDSend::queue_page(size_t block, uint64_t offset, const uint8_t *dat
     }
     if (data) {
         if (!job->data) {
-            job->data = std::make_unique<AlignedBuffer>(size_t(MultiFDJob::kPackets) *
+            job->data = std::make_unique<AlignedBuffer>(size_t(MultifdJob::kPackets) *
                                                         MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE);
         }
         std::memcpy(job->page_data(job->count - 1, p->num), data, TARGET_PAGE_SIZE);
@@ -132,7 +132,7 @@ Status MultiFDSend::queue_page(size_t block, uint64_t offset, const uint8_t *dat
 
 // Hands the pending batch to the next idle channel (round robin from the
 // last one used), waiting for one if all are busy.
-Status MultiFDSend::send_pending()
+Status MultifdSend::send_pending()
 {
     std::unique_lock<std::mutex> lk(mu_);
     Channel *target = nullptr;
@@ -160,7 +160,7 @@ Status MultiFDSend::send_pending()
     return {};
 }
 
-Status MultiFDSend::sync()
+Status MultifdSend::sync()
 {
     if (pending_->count > 0) {
         QMIGD_TRY(send_pending());
@@ -189,10 +189,10 @@ Status MultiFDSend::sync()
     return {};
 }
 
-Status MultiFDSend::packet_pages(Channel &ch, const MultiFDJob &job, uint32_t packet,
+Status MultifdSend::packet_pages(Channel &ch, const MultifdJob &job, uint32_t packet,
                                  const uint8_t **where)
 {
-    const MultiFDPages &pages = job.packets[packet];
+    const MultifdPages &pages = job.packets[packet];
     if (pages.with_data) {
         for (uint32_t i = 0; i < pages.num; i++) {
             where[i] = job.page_data(packet, i);
@@ -220,14 +220,14 @@ Status MultiFDSend::packet_pages(Channel &ch, const MultiFDJob &job, uint32_t pa
 // nowhere (multifd_send_zero_page_detect + file_write_ramblock_iov), all of
 // its packets at once: a run of pages across packets is one write, and a
 // disk request costs about what 256 KiB does (MappedRamSave::kZeroGapPages).
-Status MultiFDSend::write_file_job(Channel &ch, const MultiFDJob &job)
+Status MultifdSend::write_file_job(Channel &ch, const MultifdJob &job)
 {
-    constexpr uint32_t kMax = MultiFDJob::kPackets * MULTIFD_PACKET_PAGES;
+    constexpr uint32_t kMax = MultifdJob::kPackets * MULTIFD_PACKET_PAGES;
     const uint8_t *where[kMax];
     uint64_t offsets[kMax];
     uint32_t n = 0, normal = 0;
     for (uint32_t k = 0; k < job.count; k++) {
-        const MultiFDPages &pages = job.packets[k];
+        const MultifdPages &pages = job.packets[k];
         if (n && pages.block != job.packets[k - 1].block) {
             QMIGD_TRY(file_->write_pages(ch.fd, job.packets[k - 1].block, offsets, where, n));
             n = 0;
@@ -251,13 +251,13 @@ Status MultiFDSend::write_file_job(Channel &ch, const MultiFDJob &job)
     return {};
 }
 
-Status MultiFDSend::send_packet(Channel &ch, const MultiFDJob *job, uint32_t packet,
+Status MultifdSend::send_packet(Channel &ch, const MultifdJob *job, uint32_t packet,
                                 uint32_t flags)
 {
     if (file_) { // pages go by write_file_job(); a SYNC is only the wait for idle
         return {};
     }
-    const MultiFDPages *pages = job ? &job->packets[packet] : nullptr;
+    const MultifdPages *pages = job ? &job->packets[packet] : nullptr;
     uint8_t header[MULTIFD_PACKET_HEADER_SIZE];
     uint64_t offsets[MULTIFD_PACKET_PAGES];
     const uint8_t *normal_data[MULTIFD_PACKET_PAGES];
@@ -316,13 +316,13 @@ Status MultiFDSend::send_packet(Channel &ch, const MultiFDJob *job, uint32_t pac
     return {};
 }
 
-Status MultiFDSend::send_zero_copy(Channel &ch, struct iovec *iov, int n)
+Status MultifdSend::send_zero_copy(Channel &ch, struct iovec *iov, int n)
 {
     QMIGD_TRY(write_full(ch.fd, iov[0].iov_base, iov[0].iov_len));
     return ch.zero_copy->writev(iov + 1, n - 1);
 }
 
-Status MultiFDSend::flush_zero_copy(Channel &ch)
+Status MultifdSend::flush_zero_copy(Channel &ch)
 {
     bool all_copied = false;
     QMIGD_TRY(ch.zero_copy->flush(&all_copied));
@@ -332,7 +332,7 @@ Status MultiFDSend::flush_zero_copy(Channel &ch)
     return {};
 }
 
-Status MultiFDSend::enable_zero_copy()
+Status MultifdSend::enable_zero_copy()
 {
     if (file_) {
         return {}; // mapped-ram writes files: nothing to pin (QEMU writes them plainly too)
@@ -347,7 +347,7 @@ Status MultiFDSend::enable_zero_copy()
 // Channel thread, before its first packet: the TLS handshake, the init
 // message (sockets only: a file channel has no handshake, nobody reads it
 // in order) and the compression stream.
-Status MultiFDSend::channel_setup(Channel &ch)
+Status MultifdSend::channel_setup(Channel &ch)
 {
     if (tls_.enabled()) {
         auto t = TlsSession::client(ch.fd, *tls_.creds, tls_.hostname);
@@ -370,7 +370,7 @@ Status MultiFDSend::channel_setup(Channel &ch)
     return {};
 }
 
-void MultiFDSend::channel_main(Channel &ch)
+void MultifdSend::channel_main(Channel &ch)
 {
     Status st = channel_setup(ch);
     std::unique_lock<std::mutex> lk(mu_);
@@ -407,7 +407,7 @@ void MultiFDSend::channel_main(Channel &ch)
     }
 }
 
-void MultiFDSend::terminate_tls()
+void MultifdSend::terminate_tls()
 {
     std::lock_guard<std::mutex> lk(mu_); // the channels' sessions are ours while they idle
     for (auto &ch : channels_) {
@@ -417,7 +417,7 @@ void MultiFDSend::terminate_tls()
     }
 }
 
-uint64_t MultiFDSend::bytes() const
+uint64_t MultifdSend::bytes() const
 {
     uint64_t sum = 0;
     for (const auto &ch : channels_) {
@@ -426,7 +426,7 @@ uint64_t MultiFDSend::bytes() const
     return sum;
 }
 
-uint64_t MultiFDSend::normal_pages() const
+uint64_t MultifdSend::normal_pages() const
 {
     uint64_t sum = 0;
     for (const auto &ch : channels_) {
@@ -435,7 +435,7 @@ uint64_t MultiFDSend::normal_pages() const
     return sum;
 }
 
-uint64_t MultiFDSend::zero_pages() const
+uint64_t MultifdSend::zero_pages() const
 {
     uint64_t sum = 0;
     for (const auto &ch : channels_) {

@@ -1,4 +1,4 @@
-#include "daemon/outgoing.h"
+#include "daemon/source/outgoing.h"
 
 #include <unistd.h>
 

@@ -1,13 +1,8 @@
-// The return path of a migration (QEMU's migration.c: the destination's
-// migrate_send_rp_*() and the source's source_return_path_thread()): the
-// main channel's socket, read the other way. Messages are framed in
-// protocol/return_path.h.
-//
-// Postcopy adds the destination's page requests (daemon/page_requests.h).
-// Precopy uses it for the destination's verdict: SHUT(0) once the whole
-// stream loaded (a parked VM is durable by then), SHUT(1) when loading
-// failed, so that the source fails too instead of reporting `completed`
-// for a VM nobody runs; and PONG, the answer to each PING command.
+// The source's side of the return path (QEMU's source_return_path_thread()):
+// a thread that reads what the destination sends back over the main
+// channel's socket (framed in protocol/return_path.h): its verdict (SHUT),
+// PONGs, postcopy's page requests (source/page_requests.h) and a
+// recovery's bitmaps and RESUME_ACK (source/postcopy_recovery.h).
 #pragma once
 
 #include <atomic>
@@ -16,50 +11,14 @@
 #include <mutex>
 #include <optional>
 #include <thread>
-#include <vector>
 
 #include "protocol/error.h"
 
 namespace qmigd {
 
 class PageRequests;
-class PeerWriteGuard;
 class PostcopyRecovery;
 class TlsSession;
-
-// The return path is the main channel's socket read the other way: a file
-// or a pipe has none. QEMU's qemu_file_get_return_path() needs a socket too.
-Status return_path_check(int fd);
-
-// Destination: what goes back. Used by the load thread only; every write
-// goes through `guard`, which the migration's abort ends (a source that
-// never reads its return path must not hold the load thread in send()).
-class ReturnPathOut {
-public:
-    // `fd` must be a socket (the return path is its other direction).
-    static Result<std::unique_ptr<ReturnPathOut>> open(int fd, TlsSession *tls,
-                                                       PeerWriteGuard &guard);
-    Status pong(uint32_t value);
-    // Postcopy recovery: a block's received bitmap, and RESUME_ACK.
-    Status recv_bitmap(const std::string &idstr, const std::vector<uint64_t> &bits,
-                       uint64_t pages);
-    Status resume_ack();
-    // switchover-ack: the source may switch over (no device holds it).
-    Status switchover_ack();
-    // The verdict; a source that is gone already is not an error here.
-    void shut(bool failed);
-
-private:
-    ReturnPathOut(int fd, TlsSession *tls, PeerWriteGuard &guard)
-        : fd_(fd), tls_(tls), guard_(guard)
-    {
-    }
-    Status send(const std::vector<uint8_t> &msg);
-
-    int fd_;
-    TlsSession *tls_;
-    PeerWriteGuard &guard_;
-};
 
 // Source: a thread that reads the destination's messages until SHUT.
 //

@@ -1,4 +1,4 @@
-#include "daemon/qemu_file_writer.h"
+#include "daemon/source/qemu_file_writer.h"
 
 #include <cerrno>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "daemon/limits.h"
+#include "daemon/tools/limits.h"
 
 #include <arpa/inet.h>
 #include <chrono>

@@ -1,8 +1,8 @@
 // The destination's migration threads: the load thread (the main
 // channel through the loader, into the images; pausing in postcopy, see
-// incoming_postcopy.cpp), one receive thread per multifd channel, and
+// dest/postcopy.cpp), one receive thread per multifd channel, and
 // parking a VM's blocks as they come.
-#include "daemon/incoming.h"
+#include "daemon/dest/incoming.h"
 
 #include <cstring>
 #include <sys/socket.h>
@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "daemon/image_load_handler.h"
+#include "daemon/dest/image_load_handler.h"
 #include "daemon/socket_io.h"
 #include "daemon/thread_name.h"
 #include "protocol/multifd_compress.h"

@@ -1,4 +1,4 @@
-#include "daemon/mapped_ram_load.h"
+#include "daemon/dest/mapped_ram_load.h"
 
 #include <algorithm>
 #include <cstdlib>

@@ -14,11 +14,11 @@
 #include <span>
 #include <vector>
 
-#include "daemon/mapped_ram_save.h"
-#include "daemon/multifd_send.h"
-#include "daemon/qemu_file_writer.h"
+#include "daemon/source/mapped_ram_save.h"
+#include "daemon/source/multifd_send.h"
+#include "daemon/source/qemu_file_writer.h"
 #include "daemon/ram_blocks.h"
-#include "daemon/xbzrle_save.h"
+#include "daemon/source/xbzrle_save.h"
 #include "protocol/savevm.h"
 #include "protocol/savevm.h"
 #include "ramstate/zero_page.h"
@@ -36,7 +36,7 @@ class RamSave {
 public:
     // `multifd` and `file` may be null (multifd off; no mapped-ram).
     RamSave(std::vector<RAMBlock> &blocks, ZeroPageDetection zpd, QEMUFileWriter &out,
-            int main_fd, MultiFDSend *multifd, MappedRamSave *file);
+            int main_fd, MultifdSend *multifd, MappedRamSave *file);
 
     // The MEM_SIZE record of the setup section, with each block's mapped-ram
     // header when there is one (and, with postcopy-ram, its page size
@@ -100,7 +100,7 @@ private:
     const ZeroPageDetection zpd_;
     QEMUFileWriter &out_;
     const int main_fd_;
-    MultiFDSend *const multifd_;
+    MultifdSend *const multifd_;
     MappedRamSave *const file_;
     std::atomic<uint64_t> *counter_ = nullptr;
     bool ignore_all_ = false;

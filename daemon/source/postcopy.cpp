@@ -12,13 +12,13 @@
 // that it does not queue behind the main channel's), and each page goes
 // exactly once: a QEMU destination places it with UFFDIO_COPY, which fails
 // on a page already there.
-#include "daemon/migration_thread.h"
+#include "daemon/source/migration_thread.h"
 
 #include <spdlog/spdlog.h>
 
-#include "daemon/page_requests.h"
-#include "daemon/postcopy_recovery.h"
-#include "daemon/ram_save.h"
+#include "daemon/source/page_requests.h"
+#include "daemon/source/postcopy_recovery.h"
+#include "daemon/source/ram_save.h"
 #include "daemon/socket_io.h"
 #include "daemon/tls/tls_session.h"
 #include "protocol/postcopy.h"
