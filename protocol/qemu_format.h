@@ -1,5 +1,5 @@
 // Constants of QEMU 10's migration stream (savevm.c, ram.c, multifd.h).
-// See ../shared/docs/qemu-wire-format.md for the layouts they belong to.
+// See docs/wire-format.md for the layouts they belong to.
 #pragma once
 
 #include <array>

@@ -12,10 +12,19 @@ import traceback
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "lib"))
 
 _tests = []
+_cleanups = []
 
 
 def test(fn):
     _tests.append(fn)
+    return fn
+
+
+def cleanup(fn):
+    """Registers what a test file's tests share and leave behind (a work
+    directory, a daemon pair) to be removed once the run ends, however it
+    ends and whichever tests -k picked."""
+    _cleanups.append(fn)
     return fn
 
 
@@ -56,6 +65,18 @@ def main():
     args = sys.argv[1:]
     pattern = args[args.index("-k") + 1] if "-k" in args else ""
     passed = failed = skipped = 0
+    try:
+        passed, failed, skipped = _run(pattern)
+    finally:
+        for fn in reversed(_cleanups):
+            fn()
+    print(f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""),
+          flush=True)
+    sys.exit(1 if failed or not (passed or skipped) else 0)
+
+
+def _run(pattern):
+    passed = failed = skipped = 0
     for fn in _tests:
         if pattern not in fn.__name__:
             continue
@@ -71,6 +92,4 @@ def main():
             failed += 1
             print(f"FAIL {fn.__name__} ({time.monotonic() - t0:.1f}s)", flush=True)
             traceback.print_exc()
-    print(f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""),
-          flush=True)
-    sys.exit(1 if failed or not (passed or skipped) else 0)
+    return passed, failed, skipped

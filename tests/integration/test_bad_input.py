@@ -8,7 +8,7 @@ import socket
 import time
 
 import wire
-from itest import test, main, check
+from itest import test, main, check, cleanup
 from fixtures import HeldPeers, MiB
 from runner import Peer, start_incoming, wait_status, files_equal, migrate
 
@@ -168,8 +168,8 @@ case("flush_waits_for_a_closed_channel", True, 2,
      "closed before sync point")
 
 
-@test
-def test_zz_cleanup():
+@cleanup
+def remove_shared():
     global H
     if H:
         H.close()

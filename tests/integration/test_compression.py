@@ -16,7 +16,7 @@ import socket
 import zlib
 
 import wire
-from itest import test, main, check
+from itest import test, main, check, cleanup
 from fixtures import run_cell, images, peers, HeldPeers, MiB
 from runner import start_incoming, wait_status, files_equal, migrate
 from qmp import QMPError
@@ -233,8 +233,8 @@ hostile("uncompressed_packet_into_zlib", lambda: wire.multifd_packet([0], 1) + b
 hostile("zstd_garbage", lambda: zpacket(2, rnd(3000), flags=4), "decompressStream", "zstd")
 
 
-@test
-def test_zz_cleanup():
+@cleanup
+def remove_shared():
     if H:
         H.close()
 

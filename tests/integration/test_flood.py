@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "lib"))
 import tls_certs  # noqa: E402
-from itest import test, main, check  # noqa: E402
+from itest import test, main, check, cleanup  # noqa: E402
 from fixtures import images, peers, MiB  # noqa: E402
 from runner import start_incoming, wait_status, files_equal, proc_status  # noqa: E402
 
@@ -244,8 +244,8 @@ def test_strangers_are_dropped_after_their_deadline():
             c.close()
 
 
-@test
-def test_zz_cleanup():
+@cleanup
+def remove_shared():
     import shutil
     shutil.rmtree(ROOT, ignore_errors=True)
 

@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 import time
 
-from itest import test, main, check, skip
+from itest import test, main, check, skip, cleanup
 from fixtures import resume_parked_to_qemu
 from runner import (Peer, migrate, wait_status, start_incoming, unique_name, make_image,
                     files_equal, remove, QMIGD, log_file)
@@ -370,8 +370,8 @@ def test_kill_9_at_random_points_of_a_park():
     resume_to_qemu(d, "after-kills")
 
 
-@test
-def test_zz_cleanup():
+@cleanup
+def remove_shared():
     shutil.rmtree(WORK, ignore_errors=True)
 
 

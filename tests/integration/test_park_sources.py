@@ -25,7 +25,7 @@ import subprocess
 import tempfile
 
 import wire
-from itest import test, main, check, skip
+from itest import test, main, check, skip, cleanup
 from fixtures import resume_parked_to_qemu
 from runner import (Peer, migrate, wait_status, start_incoming, unique_name, make_image,
                     files_equal, proc_status, QMIGD)
@@ -363,8 +363,8 @@ def test_stream_without_a_ram_block_list_refused_on_every_path():
         check(info["status"] == "completed", info)
 
 
-@test
-def test_zz_cleanup():
+@cleanup
+def remove_shared():
     shutil.rmtree(WORK, ignore_errors=True)
 
 

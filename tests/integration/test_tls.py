@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "lib"))
 import tls_certs  # noqa: E402
-from itest import test, main, check  # noqa: E402
+from itest import test, main, check, cleanup  # noqa: E402
 from fixtures import images, peers, hand_over_socketpair, MiB  # noqa: E402
 from runner import (start_incoming, wait_status, files_equal, migrate, sandbox_spawning,  # noqa: E402
                     proc_status)
@@ -560,8 +560,8 @@ def test_world_readable_key_refused():
             check("readable by other users" in str(e), str(e))
 
 
-@test
-def test_zz_cleanup():
+@cleanup
+def remove_shared():
     shutil.rmtree(ROOT, ignore_errors=True)
 
 

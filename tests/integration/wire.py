@@ -1,5 +1,5 @@
 """Builds QEMU migration-stream bytes for tests, independently of
-protocol/ (from ../shared/docs/qemu-wire-format.md), so the daemon can be
+protocol/ (from docs/wire-format.md), so the daemon can be
 fed streams that are broken in precise ways."""
 import json
 import struct
