@@ -95,13 +95,35 @@ def tls_setup(src, dst):
     return {"tls-creds": "tls0"}
 
 
-def one_run(pair, src_img, size, cell, verify):
-    """One migration; returns a dict of measurements."""
+def vmstat(key):
+    with open("/proc/vmstat") as f:
+        for line in f:
+            name, value = line.split()
+            if name == key:
+                return int(value)
+    return 0
+
+
+def allocated_bytes(path):
+    """What the image holds in memory or on disk (its allocated blocks)."""
+    try:
+        return os.stat(path).st_blocks * 512
+    except OSError:
+        return 0
+
+
+def one_run(pair, src_img, size, cell, verify, idle=0.0):
+    """One migration, after `idle` seconds with nothing running (every run
+    gets the same pause: memory freed and left idle is taken back by the
+    host, and the next first touch pays to back it again); returns a dict
+    of measurements."""
     backing, content, channels, zpd, compression = cell
     dst_img = os.path.join(os.path.dirname(src_img), unique_name("bench-dst") + ".ram")
     src = dst = None
     keep_logs = True  # until the run is known good: a failure keeps them
     try:
+        time.sleep(idle)
+        thp0 = vmstat("thp_file_alloc")
         src = Peer(pair[0], "source", [("mem", src_img, size)], "bench-src")
         dst = Peer(pair[1], "dest", [("mem", dst_img, size)], "bench-dst")
         pids = (src.proc.pid, dst.proc.pid)
@@ -114,12 +136,15 @@ def one_run(pair, src_img, size, cell, verify):
                                 params=params)
         cpu = sum(cpu_seconds(p) for p in pids) - c0
         peaks = mem.finish()
+        dst_image = allocated_bytes(dst_img)
+        thp_allocs = vmstat("thp_file_alloc") - thp0
         ok = files_equal(src_img, dst_img) if verify else None
         keep_logs = ok is False
         return {"secs": secs, "cpu": cpu, "ok": ok, "downtime": info.get("downtime"),
                 "normal": info["ram"]["normal"],
                 "src_rss": peaks[pids[0]][0], "src_anon": peaks[pids[0]][1],
-                "dst_rss": peaks[pids[1]][0], "dst_anon": peaks[pids[1]][1]}
+                "dst_rss": peaks[pids[1]][0], "dst_anon": peaks[pids[1]][1],
+                "dst_image": dst_image, "thp_allocs": thp_allocs}
     finally:
         for p in (src, dst):
             if p:
@@ -197,9 +222,14 @@ def run_backing(backing, size, args, results, limits):
                         for cell in mine:
                             if r >= args.repeat and not is_short(results[cell]):
                                 continue
-                            for pair in args.pairs:  # interleaved: same machine state
+                            # Interleaved, the order reversed every other round:
+                            # the pair run second in a round can pay (or gain)
+                            # for what the first left behind.
+                            order = args.pairs if r % 2 == 0 else args.pairs[::-1]
+                            for position, pair in enumerate(order):
                                 run = one_run(pair, src_img, size, cell,
-                                              args.verify == "all" or r == 0)
+                                              args.verify == "all" or r == 0, args.idle)
+                                run["position"] = position
                                 results.setdefault(cell, {}).setdefault(pair, []).append(run)
                                 CELL_SIZE[cell] = size
                                 if touched is not None:
@@ -320,6 +350,35 @@ def table(results, size, limits):
     return "\n".join(lines)
 
 
+def position_medians(runs):
+    """Median time of the runs made first in their round and of those made
+    later ("—" where there were none)."""
+    out = []
+    for first in (True, False):
+        t = [r["secs"] for r in runs if "position" in r and (r["position"] == 0) == first]
+        out.append(f"{statistics.median(t):.2f}" if t else "—")
+    return " / ".join(out)
+
+
+def memory_table(results):
+    """Each side's time by its place in the round, and what the
+    destination's image held afterwards (allocated MiB; 2 MiB pages the
+    host allocated for files during the run, huge-page tmpfs)."""
+    lines = ["| cell | QEMU→QEMU s, first / later in the round | qmigd→qmigd s, first / later "
+             "| destination image MiB, QEMU / qmigd | huge pages allocated, QEMU / qmigd |",
+             "|" + "---|" * 5]
+    for cell, per in results.items():
+        q, m = per.get(("qemu", "qemu"), []), per.get(("qmigd", "qmigd"), [])
+
+        def med(runs, key, shift=0):
+            vals = [r[key] for r in runs if key in r]
+            return str(int(statistics.median(vals)) >> shift) if vals else "—"
+        lines.append(f"| {fmt_cell(cell)} | {position_medians(q)} | {position_medians(m)} "
+                     f"| {med(q, 'dst_image', 20)} / {med(m, 'dst_image', 20)} "
+                     f"| {med(q, 'thp_allocs')} / {med(m, 'thp_allocs')} |")
+    return "\n".join(lines)
+
+
 BACKING_WORDS = {"shm": "/dev/shm", "thp": "huge-page tmpfs", "hugetlbfs": "hugetlbfs"}
 CONTENT_WORDS = {"zero": "zero pages", "random": "random data", "mixed": "mixed pages",
                  "text": "text"}
@@ -388,6 +447,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=1,
                     help="one untimed qmigd -> qmigd run per image first (0: none; default "
                     "%(default)s)")
+    ap.add_argument("--idle", type=float, default=1.0,
+                    help="seconds with nothing running before every run, the same for all "
+                    "(default %(default)s; a long one measures a host that waited for the "
+                    "migration: memory it must back again)")
     ap.add_argument("--limits", action="store_true", help="measure this machine's limits (default off)")
     ap.add_argument("--out", help="write the markdown table here (default: print only)")
     ap.add_argument("--json", help="write all runs here (default: none)")
@@ -409,6 +472,7 @@ def main():
             if r.get("huge_touched") is not None:
                 HUGE_TOUCHED[cell] = r["huge_touched"]
         print(table(results, 0, saved["limits"]))
+        print("\n" + memory_table(results))
         if args.plot:
             plot(results, args.plot)
         return
@@ -438,10 +502,11 @@ def main():
         size = parse_size(args.size)
         print(f"{args.size} images ({size_words(size)} each, two per run: have "
               f"{size_words(2 * size)} free), {args.repeat} runs each ({args.repeat_short} if under "
-              f"{SHORT_SECS:.0f} s), pairs interleaved", flush=True)
+              f"{SHORT_SECS:.0f} s), pairs interleaved in an order reversed every other round, "
+              f"{args.idle:g} s idle before each run", flush=True)
         for backing in args.backing:
             run_backing(backing, size, args, results, limits)
-    text = table(results, size, limits)
+    text = table(results, size, limits) + "\n\n" + memory_table(results)
     if limits:
         text += "\n\nMachine limits (`qmigd limits`):\n\n```\n" + json.dumps(limits, indent=1) + "\n```\n"
     print(text)
