@@ -11,6 +11,7 @@
 #include "daemon/service/sandbox.h"
 #include "protocol/wire.h"
 #include "monitor/hmp.h"
+#include "monitor/qapi_visit.h"
 
 namespace qmigd {
 
@@ -99,7 +100,7 @@ json Daemon::query_status() const
 void Daemon::register_vm_commands()
 {
     QmpServer &q = *qmp_;
-    const std::vector<std::string> none;
+    const QapiType *none = &kQapiNoArgs;
     q.register_command("query-status", none, [this](const json &) -> QmpResult { return query_status(); });
     q.register_command("query-version", none, [](const json &) -> QmpResult {
         return json{{"qemu", {{"micro", 2}, {"minor", 0}, {"major", 10}}},
@@ -192,19 +193,22 @@ Result<TlsParams> Daemon::tls_params(TlsCreds::Endpoint endpoint,
     return t;
 }
 
+namespace {
+
+const QapiType kObjectDelArgs = qapi_struct({{"id", &kQapiStr}});
+
+} // namespace
+
 void Daemon::register_commands()
 {
-    const std::vector<std::string> id_only{"id"};
-    qmp_->register_command("object-add", std::nullopt, [this](const json &a) -> QmpResult {
+    // object-add: TlsObjects checks ObjectOptions (--object takes that way too).
+    qmp_->register_command("object-add", nullptr, [this](const json &a) -> QmpResult {
         if (auto st = objects_.add(a); !st) {
             return qmp_error(st.error().message());
         }
         return json::object();
     });
-    qmp_->register_command("object-del", id_only, [this](const json &a) -> QmpResult {
-        if (!a["id"].is_string()) {
-            return qmp_error("Invalid parameter type for 'id', expected: string");
-        }
+    qmp_->register_command("object-del", &kObjectDelArgs, [this](const json &a) -> QmpResult {
         if (auto st = objects_.del(a["id"]); !st) {
             return qmp_error(st.error().message());
         }

@@ -6,32 +6,29 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "daemon/io/migration_address.h"
+#include "monitor/qapi_visit.h"
+
 namespace qmigd {
 
 namespace {
 
-// What QEMU's QAPI visitor checks of migrate's and migrate-incoming's
-// arguments before the command runs, in its order.
-std::optional<QmpError> check_migrate_args(const json &args,
-                                           std::initializer_list<const char *> flags)
-{
-    if (args.contains("uri") && !args["uri"].is_string()) {
-        return QmpError{"GenericError", "Invalid parameter type for 'uri', expected: string"};
-    }
-    if (args.contains("channels")) {
-        if (auto e = qapi_check(args["channels"], migration_channel_list_type(), "channels",
-                                "channels")) {
-            return e;
-        }
-    }
-    for (const char *name : flags) {
-        if (args.contains(name) && !args[name].is_boolean()) {
-            return QmpError{"GenericError", fmt::format("Invalid parameter type for '{}', "
-                                                        "expected: boolean", name)};
-        }
-    }
-    return std::nullopt;
-}
+// QEMU 10's argument types of the migration commands (qapi/migration.json,
+// members in its order); the monitor checks them before a handler runs.
+const QapiType kMigrateArgs = qapi_struct({{"uri", &kQapiStr, true},
+                                           {"channels", &migration_channel_list_type(), true},
+                                           {"detach", &kQapiBool, true},
+                                           {"resume", &kQapiBool, true}});
+const QapiType kMigrateIncomingArgs =
+    qapi_struct({{"uri", &kQapiStr, true},
+                 {"channels", &migration_channel_list_type(), true},
+                 {"exit-on-error", &kQapiBool, true}});
+const QapiType kMigrationStatusEnum = qapi_enum(
+    {"none", "setup", "cancelling", "cancelled", "active", "postcopy-active", "postcopy-paused",
+     "postcopy-recover-setup", "postcopy-recover", "completed", "failed", "colo",
+     "pre-switchover", "device", "wait-unplug"});
+const QapiType kMigrateContinueArgs = qapi_struct({{"state", &kMigrationStatusEnum}});
+const QapiType kMigrateRecoverArgs = qapi_struct({{"uri", &kQapiStr}});
 
 // The address of a migrate or migrate-incoming: `uri` or `channels`
 // (an empty list counts as none), with QEMU's errors.
@@ -47,13 +44,10 @@ Result<MigrationAddress> migrate_address(const json &args, bool incoming)
 
 } // namespace
 
-// QEMU's order: argument types, then the address, then the state
-// (migrate_prepare).
+// QEMU's order (argument types checked already): the address, then the
+// state (migrate_prepare).
 QmpResult Daemon::cmd_migrate(const json &args)
 {
-    if (auto e = check_migrate_args(args, {"detach", "resume"})) {
-        return *e;
-    }
     auto addr = migrate_address(args, false);
     if (auto e = check_address(addr)) {
         return *e;
@@ -182,14 +176,12 @@ QmpResult Daemon::start_incoming(const Result<MigrationAddress> &addr)
     return json::object();
 }
 
-// QEMU's qmp_migrate_incoming: argument types, started already, the role,
-// then the address. exit-on-error is accepted, but qmigd never exits on a
-// failed load: it reports `failed` and stays ready for the next one.
+// QEMU's qmp_migrate_incoming (argument types checked already): started
+// already, the role, then the address. exit-on-error is accepted, but
+// qmigd never exits on a failed load: it reports `failed` and stays ready
+// for the next one.
 QmpResult Daemon::cmd_migrate_incoming(const json &args)
 {
-    if (auto e = check_migrate_args(args, {"exit-on-error"})) {
-        return *e;
-    }
     if (incoming_ && migration_is_running(incoming_->status())) {
         return qmp_error("The incoming migration has already been started");
     }
@@ -202,11 +194,9 @@ QmpResult Daemon::cmd_migrate_incoming(const json &args)
 void Daemon::register_migration_commands()
 {
     QmpServer &q = *qmp_;
-    using Members = std::vector<std::string>;
-    const Members none;
-    q.register_command("migrate", Members{"*uri", "*channels", "*detach", "*resume"},
-                       [this](const json &a) { return cmd_migrate(a); });
-    q.register_command("migrate-incoming", Members{"*uri", "*channels", "*exit-on-error"},
+    const QapiType *none = &kQapiNoArgs;
+    q.register_command("migrate", &kMigrateArgs, [this](const json &a) { return cmd_migrate(a); });
+    q.register_command("migrate-incoming", &kMigrateIncomingArgs,
                        [this](const json &a) { return cmd_migrate_incoming(a); });
     q.register_command("migrate_cancel", none, [this](const json &) -> QmpResult {
         // Once postcopy runs, the VM lives on both sides: the source cannot
@@ -251,15 +241,9 @@ void Daemon::register_migration_commands()
     });
     // qmp_migrate_continue(): the state argument is any MigrationStatus;
     // only the source's current one lets the migration go on.
-    q.register_command("migrate-continue", std::vector<std::string>{"state"},
+    q.register_command("migrate-continue", &kMigrateContinueArgs,
                        [this](const json &a) -> QmpResult {
-        if (!a["state"].is_string()) {
-            return qmp_error("Invalid parameter type for 'state', expected: string");
-        }
         const std::string &state = a["state"].get_ref<const std::string &>();
-        if (!migration_status_known(state)) {
-            return qmp_error("Parameter 'state' does not accept value '" + state + "'");
-        }
         MigrationStatus now = outgoing_ ? outgoing_->status() : MigrationStatus::None;
         if (state != migration_status_name(now)) {
             return qmp_error(std::string("Migration not in expected state: ") +
@@ -272,11 +256,8 @@ void Daemon::register_migration_commands()
         }
         return json::object();
     });
-    q.register_command("migrate-recover", std::vector<std::string>{"uri"},
+    q.register_command("migrate-recover", &kMigrateRecoverArgs,
                        [this](const json &a) -> QmpResult {
-        if (!a["uri"].is_string()) {
-            return qmp_error("Invalid parameter type for 'uri', expected: string");
-        }
         if (!incoming_ || incoming_->status() != MigrationStatus::PostcopyPaused) {
             return qmp_error("Migrate recover can only be run when postcopy is paused.");
         }
@@ -296,7 +277,8 @@ void Daemon::register_migration_commands()
                        [this](const json &) -> QmpResult { return config_.capabilities(); });
     q.register_command("query-migrate-parameters", none,
                        [this](const json &) -> QmpResult { return config_.parameters(); });
-    q.register_command("migrate-set-capabilities", Members{"capabilities"}, [this](const json &a) -> QmpResult {
+    q.register_command("migrate-set-capabilities", &MigrationConfig::set_capabilities_args(),
+                       [this](const json &a) -> QmpResult {
         bool running = migration_is_running(migration_status());
         if (running && opts_.role == Role::Source) {
             return qmp_error("There's a migration process in progress");
@@ -318,8 +300,9 @@ void Daemon::register_migration_commands()
         config_ = std::move(next);
         return json::object();
     });
-    // Parameters are checked one by one, with QEMU's texts, by MigrationConfig.
-    q.register_command("migrate-set-parameters", std::nullopt, [this](const json &a) -> QmpResult {
+    // Types by the monitor, ranges and combinations by MigrationConfig.
+    q.register_command("migrate-set-parameters", &MigrationConfig::set_parameters_args(),
+                       [this](const json &a) -> QmpResult {
         if (auto e = config_.set_parameters(a)) {
             return *e;
         }

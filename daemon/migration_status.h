@@ -41,21 +41,6 @@ inline const char *migration_status_name(MigrationStatus s)
     return "none";
 }
 
-// QAPI's MigrationStatus names, qmigd's and the ones it never takes
-// ("colo", "wait-unplug"): what migrate-continue's `state` accepts.
-inline bool migration_status_known(std::string_view name)
-{
-    for (const char *s : {"none", "setup", "cancelling", "cancelled", "active",
-                          "postcopy-active", "postcopy-paused", "postcopy-recover-setup",
-                          "postcopy-recover", "completed", "failed", "colo", "pre-switchover",
-                          "device", "wait-unplug"}) {
-        if (name == s) {
-            return true;
-        }
-    }
-    return false;
-}
-
 // A migration is in progress (QEMU's migration_is_running()).
 inline bool migration_is_running(MigrationStatus s)
 {

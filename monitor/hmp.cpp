@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "monitor/qapi_visit.h"
 #include "monitor/qemu_size.h"
 
 namespace qmigd {
@@ -371,18 +372,15 @@ std::string run_hmp(QmpServer &server, const HmpUriCheck &uri_check, const std::
     }
     return invoke(*cmd, server, uri_check, {w.begin() + 1, w.end()}, w[0]);
 }
+// human-monitor-command's arguments (qapi/misc.json).
+const QapiType kHmpArgs = qapi_struct({{"command-line", &kQapiStr}, {"cpu-index", &kQapiInt, true}});
+
 } // namespace
 
 void hmp_register(QmpServer &server, HmpUriCheck uri_check)
 {
-    server.register_command("human-monitor-command", {{"command-line", "*cpu-index"}},
+    server.register_command("human-monitor-command", &kHmpArgs,
                             [&server, uri_check](const json &args) -> QmpResult {
-        if (!args.contains("command-line")) {
-            return qmp_error("Parameter 'command-line' is missing");
-        }
-        if (!args["command-line"].is_string()) {
-            return qmp_error("Invalid parameter type for 'command-line', expected: string");
-        }
         return json(run_hmp(server, uri_check, args["command-line"]));
     });
 }

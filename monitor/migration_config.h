@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "monitor/qapi_visit.h"
 #include "monitor/qmp_server.h"
 
 namespace qmigd {
@@ -25,9 +26,14 @@ public:
     const json &parameters() const { return params_; }
     // query-migrate-capabilities
     json capabilities() const;
-    // migrate-set-parameters: all or nothing.
+    // The commands' argument types in QEMU 10's schema: the monitor checks
+    // `args` against them before the two setters below run.
+    static const QapiType &set_parameters_args();
+    static const QapiType &set_capabilities_args();
+    // migrate-set-parameters: all or nothing; `args` of
+    // set_parameters_args(). Ranges and combinations in QEMU's words.
     std::optional<QmpError> set_parameters(const json &args);
-    // migrate-set-capabilities
+    // migrate-set-capabilities; `args` of set_capabilities_args().
     std::optional<QmpError> set_capabilities(const json &args);
 
     bool capability(const std::string &name) const;

@@ -6,26 +6,21 @@
 #include <cstdlib>
 #include <unistd.h>
 
+#include "monitor/qapi_visit.h"
+
 namespace qmigd {
 
 namespace {
 
-std::optional<QmpError> check_fdname(const json &args)
-{
-    if (!args["fdname"].is_string()) {
-        return QmpError{"GenericError", "Invalid parameter type for 'fdname', expected: string"};
-    }
-    return std::nullopt;
-}
+// getfd's and closefd's arguments (qapi/misc.json).
+const QapiType kFdnameArgs = qapi_struct({{"fdname", &kQapiStr}});
 
 } // namespace
 
 MonitorFds::MonitorFds(QmpServer &server) : server_(server)
 {
-    server.register_command("getfd", std::vector<std::string>{"fdname"},
-                            [this](const json &a) { return getfd(a); });
-    server.register_command("closefd", std::vector<std::string>{"fdname"},
-                            [this](const json &a) { return closefd(a); });
+    server.register_command("getfd", &kFdnameArgs, [this](const json &a) { return getfd(a); });
+    server.register_command("closefd", &kFdnameArgs, [this](const json &a) { return closefd(a); });
 }
 
 MonitorFds::~MonitorFds()
@@ -37,9 +32,6 @@ MonitorFds::~MonitorFds()
 
 QmpResult MonitorFds::getfd(const json &args)
 {
-    if (auto e = check_fdname(args)) {
-        return *e;
-    }
     int fd = server_.take_client_fd();
     if (fd < 0) {
         return qmp_error("No file descriptor supplied via SCM_RIGHTS");
@@ -61,9 +53,6 @@ QmpResult MonitorFds::getfd(const json &args)
 
 QmpResult MonitorFds::closefd(const json &args)
 {
-    if (auto e = check_fdname(args)) {
-        return *e;
-    }
     std::string name = args["fdname"];
     auto it = fds_.find(name);
     if (it == fds_.end()) {

@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "monitor/json_splitter.h"
+#include "monitor/qapi_visit.h"
 
 namespace qmigd {
 
@@ -60,34 +61,14 @@ struct QmpServer::Client {
 };
 
 
-std::optional<QmpError> qmp_check_members(const json &args,
-                                          const std::vector<std::string> &members)
-{
-    std::vector<std::string> names;
-    for (const auto &m : members) {
-        bool optional = !m.empty() && m[0] == '*';
-        names.push_back(optional ? m.substr(1) : m);
-        if (!optional && !args.contains(m)) {
-            return QmpError{"GenericError", "Parameter '" + m + "' is missing"};
-        }
-    }
-    for (auto it = args.begin(); it != args.end(); ++it) {
-        if (std::find(names.begin(), names.end(), it.key()) == names.end()) {
-            return QmpError{"GenericError", "Parameter '" + it.key() + "' is unexpected"};
-        }
-    }
-    return std::nullopt;
-}
-
 QmpServer::QmpServer(uv_loop_t *loop) : loop_(loop) {}
 
 QmpServer::~QmpServer() = default;
 
-void QmpServer::register_command(const std::string &name,
-                                 std::optional<std::vector<std::string>> members,
+void QmpServer::register_command(const std::string &name, const QapiType *args,
                                  QmpHandler handler)
 {
-    commands_[name] = Command{std::move(members), std::move(handler)};
+    commands_[name] = Command{args, std::move(handler)};
 }
 
 std::vector<std::string> QmpServer::command_names() const
@@ -211,8 +192,8 @@ QmpResult QmpServer::dispatch(const std::string &name, const json &args)
     if (it == commands_.end()) {
         return qmp_error("The command " + name + " has not been found", "CommandNotFound");
     }
-    if (it->second.members) {
-        if (auto e = qmp_check_members(args, *it->second.members)) {
+    if (it->second.args) {
+        if (auto e = qapi_check(args, *it->second.args, "", "")) {
             return *e;
         }
     }
@@ -230,6 +211,11 @@ std::vector<json> QmpSession::feed(const char *data, size_t len)
 }
 
 namespace {
+
+// qmp_capabilities' arguments (qapi/control.json).
+const QapiType kQmpCapability = qapi_enum({"oob"});
+const QapiType kQmpCapabilityList = qapi_list_of(&kQmpCapability);
+const QapiType kQmpCapabilitiesArgs = qapi_struct({{"enable", &kQmpCapabilityList, true}});
 
 // QEMU's QDict hash (tdb_hash): it decides the order QEMU visits a
 // request's members in, and so which of two bad members its error names.
@@ -345,7 +331,7 @@ QmpResult QmpSession::run(const std::string &name, bool oob, const json &args)
         return qmp_error("The command " + name + " does not support OOB"); // none does here
     }
     if (name == "qmp_capabilities") {
-        if (auto e = qmp_check_members(args, {"*enable"})) {
+        if (auto e = qapi_check(args, kQmpCapabilitiesArgs, "", "")) {
             return *e; // arguments first, as QEMU's generated marshaller
         }
         return negotiated_ ? qmp_error("Capabilities negotiation is already complete, command "
@@ -356,22 +342,10 @@ QmpResult QmpSession::run(const std::string &name, bool oob, const json &args)
     return server_.dispatch(name, args);
 }
 
+// `args` checked already: `enable` lists only "oob", the one capability.
 QmpResult QmpSession::negotiate(const json &args)
 {
-    if (auto e = qmp_check_members(args, {"*enable"})) {
-        return *e;
-    }
-    json enable = args.value("enable", json::array());
-    if (!enable.is_array()) {
-        return qmp_error("Invalid parameter type for 'enable', expected: array");
-    }
-    for (const auto &cap : enable) {
-        if (cap != "oob") {
-            return qmp_error("Parameter 'enable' does not accept value '" +
-                             (cap.is_string() ? cap.get<std::string>() : cap.dump()) + "'");
-        }
-        oob_ = true;
-    }
+    oob_ = !args.value("enable", json::array()).empty();
     negotiated_ = true;
     return json::object();
 }

@@ -37,11 +37,7 @@ inline QmpResult qmp_error(std::string desc, std::string cls = "GenericError")
     return QmpError{std::move(cls), std::move(desc)};
 }
 
-// Rejects members of args that are not in `allowed` (QEMU's
-// "Parameter 'foo' is unexpected").
-std::optional<QmpError> qmp_check_members(const json &args,
-                                          const std::vector<std::string> &allowed);
-
+struct QapiType;
 class QmpServer;
 
 // One client's side of the protocol: the JSON stream, capabilities
@@ -71,13 +67,14 @@ public:
     explicit QmpServer(uv_loop_t *loop);
     ~QmpServer();
 
-    // `members`: the arguments the command takes, in QAPI's notation
-    // ("*name" optional, "name" required). Before the handler runs, as
-    // QEMU's input visitor: a missing required one is refused ("Parameter
-    // 'x' is missing"), then any other member ("Parameter 'x' is
-    // unexpected"). std::nullopt: the handler validates its arguments itself.
-    void register_command(const std::string &name,
-                          std::optional<std::vector<std::string>> members, QmpHandler handler);
+    // `args`: the command's argument type in QEMU 10's schema (a struct,
+    // monitor/qapi_visit.h; kQapiNoArgs for none). Before the handler
+    // runs they are checked as QEMU's generated marshaller does, with its
+    // words: each member in schema order (missing, or of the wrong type),
+    // then members the type does not have; so a handler reads arguments of
+    // the right types. nullptr: the handler checks them itself (only
+    // object-add, which shares its check with --object).
+    void register_command(const std::string &name, const QapiType *args, QmpHandler handler);
     // Runs a command as a QMP client would (used by HMP).
     QmpResult dispatch(const std::string &name, const json &args);
     bool has_command(const std::string &name) const;
@@ -105,7 +102,7 @@ private:
     uv_pipe_t *listener_ = nullptr;
     std::string path_;
     struct Command {
-        std::optional<std::vector<std::string>> members;
+        const QapiType *args; // static schema constants
         QmpHandler handler;
     };
     std::map<std::string, Command> commands_;

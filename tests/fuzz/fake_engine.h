@@ -10,9 +10,14 @@
 #include "daemon/io/socket_channels.h"
 #include "monitor/hmp.h"
 #include "monitor/migration_config.h"
+#include "monitor/qapi_visit.h"
 #include "monitor/qmp_server.h"
 
 namespace qmigd {
+
+// The fake's migrate takes a uri only (no channels).
+inline const QapiType kFakeMigrateArgs = qapi_struct(
+    {{"uri", &kQapiStr, true}, {"detach", &kQapiBool, true}, {"resume", &kQapiBool, true}});
 
 struct FakeEngine {
     uv_loop_t loop;
@@ -24,37 +29,37 @@ struct FakeEngine {
     FakeEngine()
     {
         uv_loop_init(&loop);
-        using Members = std::vector<std::string>;
-        server.register_command("query-status", Members{}, [](const json &) -> QmpResult {
+        const QapiType *none = &kQapiNoArgs;
+        server.register_command("query-status", none, [](const json &) -> QmpResult {
             return json{{"status", "running"}, {"running", true}};
         });
-        server.register_command("migrate-set-parameters", std::nullopt,
+        server.register_command("migrate-set-parameters", &MigrationConfig::set_parameters_args(),
                                 [this](const json &a) -> QmpResult {
                                     if (auto e = config.set_parameters(a)) {
                                         return *e;
                                     }
                                     return json::object();
                                 });
-        server.register_command("migrate-set-capabilities", std::nullopt,
+        server.register_command("migrate-set-capabilities", &MigrationConfig::set_capabilities_args(),
                                 [this](const json &a) -> QmpResult {
                                     if (auto e = config.set_capabilities(a)) {
                                         return *e;
                                     }
                                     return json::object();
                                 });
-        server.register_command("query-migrate-parameters", Members{},
+        server.register_command("query-migrate-parameters", none,
                                 [this](const json &) -> QmpResult { return config.parameters(); });
-        server.register_command("query-migrate-capabilities", Members{},
+        server.register_command("query-migrate-capabilities", none,
                                 [this](const json &) -> QmpResult { return config.capabilities(); });
-        server.register_command("query-migrate", Members{}, [this](const json &) -> QmpResult {
+        server.register_command("query-migrate", none, [this](const json &) -> QmpResult {
             if (status == "none") {
                 return json::object();
             }
             return json{{"status", status}, {"error-desc", error_desc}};
         });
-        server.register_command("migrate", Members{"uri", "channels", "detach", "resume"},
+        server.register_command("migrate", &kFakeMigrateArgs,
                                 [this](const json &a) -> QmpResult {
-                                    if (!a.contains("uri") || !a["uri"].is_string()) {
+                                    if (!a.contains("uri")) {
                                         return qmp_error("need either 'uri' or 'channels' argument");
                                     }
                                     auto addr = parse_socket_uri(a["uri"]);
@@ -66,7 +71,7 @@ struct FakeEngine {
                                     status = "active";
                                     return json::object();
                                 });
-        server.register_command("migrate_cancel", Members{}, [this](const json &) -> QmpResult {
+        server.register_command("migrate_cancel", none, [this](const json &) -> QmpResult {
             status = status == "active" ? "cancelled" : status;
             return json::object();
         });

@@ -3,6 +3,8 @@
 #include "monitor/hmp.h"
 #include "monitor/json_splitter.h"
 #include "monitor/migration_config.h"
+#include "monitor/qapi_visit.h"
+#include "monitor/qmp_server.h"
 
 using namespace qmigd;
 
@@ -59,11 +61,105 @@ TEST_CASE("JSON splitter: token count limit", "[monitor]")
     CHECK(a[0].error == "JSON token count limit exceeded");
 }
 
+namespace {
+
+// A monitor with the two migration setters registered as the daemon has
+// them (QmpServer::dispatch never touches the loop).
+struct ConfigMonitor {
+    MigrationConfig c;
+    QmpServer server{nullptr};
+    ConfigMonitor()
+    {
+        server.register_command("migrate-set-parameters", &MigrationConfig::set_parameters_args(),
+                                [this](const json &a) -> QmpResult {
+                                    if (auto e = c.set_parameters(a)) {
+                                        return *e;
+                                    }
+                                    return json::object();
+                                });
+        server.register_command("migrate-set-capabilities",
+                                &MigrationConfig::set_capabilities_args(),
+                                [this](const json &a) -> QmpResult {
+                                    if (auto e = c.set_capabilities(a)) {
+                                        return *e;
+                                    }
+                                    return json::object();
+                                });
+    }
+    std::optional<QmpError> set(const char *command, const json &args)
+    {
+        QmpResult r = server.dispatch(command, args);
+        if (auto *e = std::get_if<QmpError>(&r)) {
+            return *e;
+        }
+        return std::nullopt;
+    }
+};
+
+std::string error_of(const QmpResult &r)
+{
+    auto *e = std::get_if<QmpError>(&r);
+    return e ? e->desc : "";
+}
+
+} // namespace
+
+TEST_CASE("commands: arguments checked once, before the handler, in QEMU's order and words",
+          "[monitor]")
+{
+    QmpServer server(nullptr);
+    int ran = 0;
+    const QapiType state = qapi_enum({"none", "active"});
+    const QapiType levels = qapi_list_of(&kQapiUint8);
+    const QapiType args = qapi_struct({{"state", &state},
+                                       {"cpu-index", &kQapiInt, true},
+                                       {"creds", &kQapiStrOrNull, true},
+                                       {"levels", &levels, true}});
+    server.register_command("cmd", &args, [&](const json &) -> QmpResult {
+        ran++;
+        return json::object();
+    });
+    server.register_command("none", &kQapiNoArgs, [&](const json &) -> QmpResult {
+        ran++;
+        return json::object();
+    });
+    auto run = [&](const char *name, const char *text) {
+        return error_of(server.dispatch(name, json::parse(text)));
+    };
+    // Members in schema order, each missing or of the wrong type when
+    // reached; members the type lacks only once all are done (as measured
+    // against QEMU 10's migrate-continue and human-monitor-command).
+    CHECK(run("cmd", R"({"zzz": 1})") == "Parameter 'state' is missing");
+    CHECK(run("cmd", R"({"state": 5, "zzz": 1})") ==
+          "Invalid parameter type for 'state', expected: string");
+    CHECK(run("cmd", R"({"state": "x", "zzz": 1})") == "Parameter 'state' does not accept value 'x'");
+    CHECK(run("cmd", R"({"state": "none", "zzz": 1})") == "Parameter 'zzz' is unexpected");
+    CHECK(run("cmd", R"({"state": "none", "cpu-index": "1", "zzz": 1})") ==
+          "Invalid parameter type for 'cpu-index', expected: integer");
+    CHECK(run("cmd", R"({"state": "none", "cpu-index": 18446744073709551615})") ==
+          "Invalid parameter type for 'cpu-index', expected: integer");
+    CHECK(run("cmd", R"({"state": "none", "creds": 5})") ==
+          "Invalid parameter type for 'creds', expected: StrOrNull");
+    // A list's elements have no name: QEMU says "null" where it names the
+    // member alone, the full path elsewhere.
+    CHECK(run("cmd", R"({"state": "none", "levels": [1, 256]})") ==
+          "Parameter 'null' expects uint8_t");
+    CHECK(run("cmd", R"({"state": "none", "levels": [1, "2"]})") ==
+          "Parameter 'levels[1]' expects uint64");
+    CHECK(run("none", R"({"a": 1})") == "Parameter 'a' is unexpected");
+    CHECK(ran == 0);
+    CHECK(run("cmd", R"({"state": "active", "cpu-index": -1, "creds": null, "levels": [255]})")
+              .empty());
+    CHECK(run("none", "{}").empty());
+    CHECK(ran == 2);
+}
+
 TEST_CASE("parameters: QEMU's types, ranges and texts; all or nothing", "[monitor]")
 {
-    MigrationConfig c;
+    ConfigMonitor m;
+    MigrationConfig &c = m.c;
     auto err = [&](json args) {
-        auto e = c.set_parameters(args);
+        auto e = m.set("migrate-set-parameters", args);
         REQUIRE(e.has_value());
         return e->desc;
     };
@@ -95,16 +191,27 @@ TEST_CASE("parameters: QEMU's types, ranges and texts; all or nothing", "[monito
           "Parameter 'multifd_zstd_level' expects a value between 0 and 20");
     CHECK(err({{"multifd-zlib-level", 10}}) ==
           "Parameter 'multifd_zlib_level' expects a value between 0 and 9");
+    // Types of every member before any range, and before unexpected ones.
+    CHECK(err({{"multifd-channels", 0}, {"zero-page-detection", 3}}) ==
+          "Invalid parameter type for 'zero-page-detection', expected: string");
+    CHECK(err({{"multifd-channels", "4"}, {"foo-bar", 1}}) ==
+          "Parameter 'multifd-channels' expects uint64");
+    // tls-* are StrOrNull: null is QEMU's way to say "".
+    CHECK(err({{"tls-creds", 5}}) == "Invalid parameter type for 'tls-creds', expected: StrOrNull");
+    REQUIRE_FALSE(m.set("migrate-set-parameters", {{"tls-hostname", "h"}}));
+    REQUIRE_FALSE(m.set("migrate-set-parameters", {{"tls-hostname", nullptr}}));
+    CHECK(c.parameters()["tls-hostname"] == "");
 }
 
 TEST_CASE("capabilities: QEMU's list; unimplemented ones refused", "[monitor]")
 {
-    MigrationConfig c;
+    ConfigMonitor m;
+    MigrationConfig &c = m.c;
     auto caps = c.capabilities();
     REQUIRE(caps.size() == 22);
     CHECK(caps[0]["capability"] == "xbzrle");
     CHECK(caps[21]["capability"] == "mapped-ram");
-    auto set = [&](json list) { return c.set_capabilities({{"capabilities", list}}); };
+    auto set = [&](json list) { return m.set("migrate-set-capabilities", {{"capabilities", list}}); };
     CHECK_FALSE(set(json::array({{{"capability", "multifd"}, {"state", true}}})));
     CHECK(c.capability("multifd"));
     auto e = set(json::array({{{"capability", "foo"}, {"state", true}}}));
@@ -129,9 +236,12 @@ TEST_CASE("capabilities: QEMU's list; unimplemented ones refused", "[monitor]")
     REQUIRE(e);
     CHECK(e->desc == "Postcopy is not yet compatible with multifd");
     CHECK_FALSE(c.capability("postcopy-ram"));
-    e = c.set_capabilities({{"capabilities", 5}});
+    e = m.set("migrate-set-capabilities", {{"capabilities", 5}});
     REQUIRE(e);
     CHECK(e->desc == "Invalid parameter type for 'capabilities', expected: array");
+    e = set(json::array({{{"state", true}}}));
+    REQUIRE(e);
+    CHECK(e->desc == "Parameter 'capabilities[0].capability' is missing");
 }
 
 // Each row: capabilities set together, and QEMU 10's refusal (measured
