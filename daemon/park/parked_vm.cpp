@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "daemon/socket_io.h"
+#include "monitor/qapi_visit.h"
 #include "protocol/device_state.h"
 #include "protocol/iterable_state.h"
 
@@ -148,7 +149,8 @@ void put_name(json &j, const std::string &key, const std::string &name)
     j[key + "-hex"] = h;
 }
 
-// The name under KEY or KEY-hex (exactly one of them); nullopt otherwise.
+// The name under KEY or KEY-hex (exactly one of them, strings: the
+// visitor checked their types); nullopt otherwise.
 std::optional<std::string> get_name(const json &j, const std::string &key)
 {
     bool text = j.contains(key), hex = j.contains(key + "-hex");
@@ -156,14 +158,13 @@ std::optional<std::string> get_name(const json &j, const std::string &key)
         return std::nullopt;
     }
     if (text) {
-        return j[key].is_string() ? std::optional(j[key].get<std::string>()) : std::nullopt;
+        return j[key].get<std::string>();
     }
-    const json &h = j[key + "-hex"];
-    if (!h.is_string() || h.get_ref<const std::string &>().size() % 2) {
+    const std::string &t = j[key + "-hex"].get_ref<const std::string &>();
+    if (t.size() % 2) {
         return std::nullopt;
     }
     std::string out;
-    const std::string &t = h.get_ref<const std::string &>();
     for (size_t i = 0; i < t.size(); i += 2) {
         auto nibble = [](char c) {
             return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
@@ -177,23 +178,39 @@ std::optional<std::string> get_name(const json &j, const std::string &key)
     return out;
 }
 
-// The record's members, each of the type it must have.
+// vm.json's schema, written as QAPI types so that the monitor's visitor
+// checks it with the errors a QMP client gets: names are under KEY (UTF-8)
+// or KEY-hex (their bytes in hex), exactly one of them (get_name checks).
+const QapiType kParkedBlock = qapi_struct({{"idstr", &kQapiStr, true},
+                                           {"idstr-hex", &kQapiStr, true},
+                                           {"size", &kQapiUint64},
+                                           {"file", &kQapiStr, true}});
+const QapiType kParkedBlockList = qapi_list_of(&kParkedBlock);
+const QapiType kParkedVmRecord = qapi_struct({{"format", &kQapiStr},
+                                              {"version", &kQapiUint32},
+                                              {"machine-type", &kQapiStr, true},
+                                              {"machine-type-hex", &kQapiStr, true},
+                                              {"uuid", &kQapiStr, true},
+                                              {"ram-section-id", &kQapiUint32},
+                                              {"blocks", &kParkedBlockList},
+                                              {"iterable-state-bytes", &kQapiUint64, true},
+                                              {"device-state-bytes", &kQapiUint64, true}});
+
+// A JSON integer the visitor took as a uint64 (negatives wrap, as QEMU's).
+uint64_t record_uint(const json &v)
+{
+    return v.is_number_unsigned() ? v.get<uint64_t>() : uint64_t(v.get<int64_t>());
+}
+
+// The record's members, their types checked already: what each must hold.
 Result<ParkedVm> parse_members(const std::string &dir, const json &j)
 {
     auto bad = [&](const char *what) {
         return Error(fmt::format("'{}': {}", record_path(dir), what));
     };
-    auto is_uint = [](const json &v) { return v.is_number_unsigned(); };
     auto machine = get_name(j, "machine-type");
     if (!machine) {
         return bad("'machine-type' must be a string (or 'machine-type-hex' its bytes in hex)");
-    }
-    if (!j.contains("ram-section-id") || !is_uint(j["ram-section-id"]) ||
-        j["ram-section-id"].get<uint64_t>() > UINT32_MAX) {
-        return bad("'ram-section-id' must be a 32-bit unsigned number");
-    }
-    if (!j.contains("blocks") || !j["blocks"].is_array()) {
-        return bad("'blocks' must be an array");
     }
     ParkedVm vm;
     vm.dir = dir;
@@ -201,36 +218,32 @@ Result<ParkedVm> parse_members(const std::string &dir, const json &j)
     vm.ram_section_id = j["ram-section-id"].get<uint32_t>();
     if (j.contains("uuid")) {
         Uuid u;
-        if (!j["uuid"].is_string() || !uuid_parse(j["uuid"].get<std::string>(), &u)) {
+        if (!uuid_parse(j["uuid"].get<std::string>(), &u)) {
             return bad("'uuid' must be a UUID string");
         }
         vm.uuid = u;
     }
     for (const json &b : j["blocks"]) {
-        auto idstr = b.is_object() ? get_name(b, "idstr") : std::nullopt;
-        if (!idstr || !b.contains("size") || !is_uint(b["size"])) {
-            return bad("each block needs 'idstr' (a string, or 'idstr-hex' its bytes in hex) "
-                       "and 'size' (a number)");
+        auto idstr = get_name(b, "idstr");
+        if (!idstr) {
+            return bad("each block needs 'idstr' (a string, or 'idstr-hex' its bytes in hex)");
         }
         const std::string &id = *idstr;
-        uint64_t size = b["size"];
+        uint64_t size = record_uint(b["size"]);
         if (id.empty() || id.size() > 255 || size == 0 || size % TARGET_PAGE_SIZE) {
             return bad("a block's idstr must have 1 to 255 bytes and its size be whole pages");
         }
         vm.blocks.push_back({id, size});
     }
     if (j.contains("iterable-state-bytes")) {
-        if (!is_uint(j["iterable-state-bytes"]) ||
-            j["iterable-state-bytes"].get<uint64_t>() > kMaxIterableState) {
+        uint64_t n = record_uint(j["iterable-state-bytes"]);
+        if (n > kMaxIterableState) {
             return bad("'iterable-state-bytes' must be a number of at most 64 MiB");
         }
-        vm.iterable_state.resize(j["iterable-state-bytes"].get<size_t>());
+        vm.iterable_state.resize(size_t(n));
     }
     if (j.contains("device-state-bytes")) {
-        if (!is_uint(j["device-state-bytes"])) {
-            return bad("'device-state-bytes' must be a number");
-        }
-        vm.device_state_bytes = j["device-state-bytes"].get<uint64_t>();
+        vm.device_state_bytes = record_uint(j["device-state-bytes"]);
     }
     return vm;
 }
@@ -246,6 +259,9 @@ Result<ParkedVm> parse_record(const std::string &dir, const std::string &text)
         return Error(fmt::format("'{}': parked VM record version {} is not supported",
                                  record_path(dir), j.contains("version") ? j["version"].dump()
                                                                          : "(none)"));
+    }
+    if (auto e = qapi_check(j, kParkedVmRecord, "", "")) {
+        return Error(fmt::format("'{}': {}", record_path(dir), e->desc));
     }
     auto vm = parse_members(dir, j);
     QMIGD_TRY(vm);

@@ -480,3 +480,32 @@ TEST_CASE("a parked VM's record keeps any name QEMU sends, byte for byte", "[par
     CHECK_FALSE(parked_vm_parse("/d", both).ok());
     fs::remove_all(dir);
 }
+
+TEST_CASE("vm.json is read through the QAPI visitor, in a QMP client's words", "[park]")
+{
+    auto error_of = [](const std::string &members) {
+        std::string t = R"({"format": "qmigd-parked-vm", "version": 1, )" + members + "}";
+        auto vm = parked_vm_parse("/d", t);
+        return vm.ok() ? std::string() : vm.error().message();
+    };
+    const std::string ok_blocks = R"("blocks": [{"idstr": "a", "size": 4096}])";
+    CHECK(error_of(R"("machine-type": "pc", "ram-section-id": 1, )" + ok_blocks).empty());
+    CHECK(error_of(R"("machine-type": 5, "ram-section-id": 1, )" + ok_blocks) ==
+          "'/d/vm.json': Invalid parameter type for 'machine-type', expected: string");
+    CHECK(error_of(R"("machine-type": "pc", "ram-section-id": -1, )" + ok_blocks) ==
+          "'/d/vm.json': Parameter 'ram-section-id' expects uint32_t");
+    CHECK(error_of(R"("machine-type": "pc", )" + ok_blocks) ==
+          "'/d/vm.json': Parameter 'ram-section-id' is missing");
+    CHECK(error_of(R"("machine-type": "pc", "ram-section-id": 1, "blocks": [{"idstr": "a"}])") ==
+          "'/d/vm.json': Parameter 'blocks[0].size' is missing");
+    CHECK(error_of(R"("machine-type": "pc", "ram-section-id": 1, "blocks": [{"size": 4096, )"
+                   R"("idstr": 1}])") ==
+          "'/d/vm.json': Invalid parameter type for 'blocks[0].idstr', expected: string");
+    CHECK(error_of(R"("machine-type": "pc", "ram-section-id": 1, "x": 1, )" + ok_blocks) ==
+          "'/d/vm.json': Parameter 'x' is unexpected");
+    // What the types cannot say is still checked after them.
+    CHECK(error_of(R"("ram-section-id": 1, )" + ok_blocks).find("'machine-type' must be") !=
+          std::string::npos);
+    CHECK(error_of(R"("machine-type": "pc", "ram-section-id": 1, "uuid": "x", )" + ok_blocks)
+              .find("'uuid' must be a UUID string") != std::string::npos);
+}
