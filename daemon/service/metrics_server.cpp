@@ -17,6 +17,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "daemon/io/socket_address.h"
 #include "daemon/thread_name.h"
 
 namespace qmigd {
@@ -34,26 +35,18 @@ struct MetricsServer::Exchange {
 
 namespace {
 
-// HOST:PORT or tcp:HOST:PORT, [V6]:PORT, into host and port.
+// HOST:PORT or tcp:HOST:PORT, [V6]:PORT, into host and port: the parser
+// of the migration's tcp: addresses (and --listen's), so both take the same.
 Status parse_address(const std::string &address, std::string *host, int *port)
 {
-    std::string a = address.rfind("tcp:", 0) == 0 ? address.substr(4) : address;
-    size_t colon = a.rfind(':');
-    if (colon == std::string::npos || colon + 1 == a.size()) {
-        return Error("--metrics '" + address + "': expected HOST:PORT or tcp:HOST:PORT");
+    std::string a = address.rfind("tcp:", 0) == 0 ? address : "tcp:" + address;
+    auto parsed = parse_socket_uri(a);
+    if (!parsed) {
+        return Error("--metrics '" + address + "': expected HOST:PORT or tcp:HOST:PORT, the "
+                     "port must be a number up to 65535");
     }
-    *host = a.substr(0, colon);
-    if (host->size() > 2 && host->front() == '[' && host->back() == ']') {
-        *host = host->substr(1, host->size() - 2);
-    }
-    try {
-        *port = std::stoi(a.substr(colon + 1));
-    } catch (...) {
-        *port = -1;
-    }
-    if (*port < 0 || *port > 65535) {
-        return Error("--metrics '" + address + "': the port must be a number up to 65535");
-    }
+    *host = parsed->host;
+    *port = parsed->port;
     return {};
 }
 

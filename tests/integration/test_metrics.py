@@ -173,6 +173,7 @@ def test_bad_metrics_addresses_refused():
         holder.listen(1)
         try:
             for addr, want in (("nohost", "expected HOST:PORT"), ("127.0.0.1:99999", "port must"),
+                               ("127.0.0.1:80abc", "port must"),
                                (f"127.0.0.1:{taken}", "cannot listen there")):
                 qmp = f"/tmp/qmigd-metrics-bad-{os.getpid()}.qmp"
                 r = subprocess.run([QMIGD, "source", "--qmp", qmp, "--ram",

@@ -13,6 +13,7 @@
 #include <thread>
 #include <unistd.h>
 
+#include "daemon/io/socket_address.h"
 #include "daemon/service/metrics_server.h"
 
 using namespace qmigd;
@@ -153,4 +154,24 @@ TEST_CASE("metrics: stop() waits neither for clients nor for a loop that does no
     scrape.join();
     CHECK(closed_within(slow, 500));
     ::close(slow);
+}
+
+TEST_CASE("metrics: the address is parsed as a migration's tcp: address is", "[metrics]")
+{
+    LoopThread lt;
+    MetricsServer server(*lt.dispatcher, [] { return std::string(); });
+    // "80abc" was taken as port 80 (std::stoi stops at the first non-digit).
+    for (const char *bad : {"127.0.0.1:80abc", "tcp:127.0.0.1:80abc", "127.0.0.1:99999",
+                            "127.0.0.1:", "nohost", "127.0.0.1:-1"}) {
+        auto st = server.start(bad);
+        INFO(bad);
+        REQUIRE_FALSE(st);
+        CHECK(st.error().message() ==
+              std::string("--metrics '") + bad + "': expected HOST:PORT or tcp:HOST:PORT, the "
+                                                 "port must be a number up to 65535");
+        CHECK_FALSE(parse_socket_uri(std::string("tcp:") + bad).ok());
+    }
+    REQUIRE(server.start("tcp:[127.0.0.1]:0"));
+    CHECK(server.port() > 0);
+    server.stop();
 }
