@@ -1,3 +1,4 @@
+// The daemon: its loop, monitor, role objects and the state QMP and HMP read.
 #include "daemon/daemon.h"
 
 #include <sys/resource.h>
@@ -27,9 +28,6 @@ Daemon::~Daemon()
     outgoing_.reset();
     uv_run(&loop_, UV_RUN_DEFAULT);
     uv_loop_close(&loop_);
-    if (proc_status_fd_ >= 0) {
-        ::close(proc_status_fd_);
-    }
 }
 
 MigrationStatus Daemon::migration_status() const

@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include "daemon/dest/incoming.h"
+#include "daemon/io/unique_fd.h"
 #include "daemon/service/metrics_server.h"
 #include "daemon/service/service_notify.h"
 #include "daemon/loop_dispatcher.h"
@@ -107,7 +108,7 @@ private:
     std::unique_ptr<MetricsServer> metrics_;
     json last_query_ = json::object();
     double last_end_unix_ = 0;
-    int proc_status_fd_ = -1; // /proc/self/status, opened before --chroot/--runas
+    UniqueFd proc_status_fd_; // /proc/self/status, opened before --chroot/--runas
     Status start_metrics();
     std::string metrics_text() const;
     void keep_last_migration(MigrationStatus s);

@@ -77,7 +77,7 @@ std::string Daemon::metrics_text() const
             b.desc.idstr, opts_.role == Role::Source ? page_access_name(p.read)
                                                      : page_access_name(p.write));
     }
-    process_figures(proc_status_fd_, in);
+    process_figures(proc_status_fd_.get(), in);
     return prometheus_metrics(in);
 }
 
@@ -87,8 +87,8 @@ Status Daemon::start_metrics()
         return {};
     }
     // Before --chroot and --runas, which would hide it (Daemon::start).
-    proc_status_fd_ = ::open("/proc/self/status", O_RDONLY | O_CLOEXEC);
-    if (proc_status_fd_ < 0) {
+    proc_status_fd_.reset(::open("/proc/self/status", O_RDONLY | O_CLOEXEC));
+    if (!proc_status_fd_) {
         spdlog::warn("metrics: /proc/self/status: {}: the process figures read 0",
                      std::strerror(errno));
     }

@@ -1,3 +1,4 @@
+// Closures posted from any thread, run on the loop thread.
 #include "daemon/loop_dispatcher.h"
 
 namespace qmigd {
@@ -12,7 +13,7 @@ void LoopDispatcher::post(std::function<void()> fn)
 {
     // uv_async_send under the lock: close() cannot free the handle between
     // the check and the send.
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     if (closed_) {
         return;
     }
@@ -25,7 +26,7 @@ void LoopDispatcher::on_async(uv_async_t *h)
     auto *self = static_cast<LoopDispatcher *>(h->data);
     std::vector<std::function<void()>> work;
     {
-        std::lock_guard<std::mutex> lk(self->mu_);
+        MutexLock lk(self->mu_);
         work.swap(self->queue_);
     }
     for (auto &fn : work) {
@@ -36,7 +37,7 @@ void LoopDispatcher::on_async(uv_async_t *h)
 void LoopDispatcher::close()
 {
     {
-        std::lock_guard<std::mutex> lk(mu_);
+        MutexLock lk(mu_);
         closed_ = true;
         queue_.clear();
     }

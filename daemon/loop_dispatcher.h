@@ -3,10 +3,11 @@
 #pragma once
 
 #include <functional>
-#include <mutex>
 #include <vector>
 
 #include <uv.h>
+
+#include "daemon/thread_safety.h"
 
 namespace qmigd {
 
@@ -22,10 +23,12 @@ public:
 private:
     static void on_async(uv_async_t *h);
 
+    // Set at construction; freed by close() on the loop thread, which
+    // post() knows by closed_ (under mu_).
     uv_async_t *async_;
-    std::mutex mu_;
-    std::vector<std::function<void()>> queue_; // protected by mu_
-    bool closed_ = false;                       // protected by mu_
+    Mutex mu_;
+    std::vector<std::function<void()>> queue_ GUARDED_BY(mu_);
+    bool closed_ GUARDED_BY(mu_) = false;
 };
 
 } // namespace qmigd

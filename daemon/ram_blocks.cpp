@@ -1,3 +1,4 @@
+// --ram NAME=FILE[,size=,dirty=]: parsing the option and opening each block's image.
 #include "daemon/ram_blocks.h"
 
 #include <sstream>

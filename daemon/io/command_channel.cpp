@@ -1,3 +1,4 @@
+// The exec: transport: spawning the command, ending its process group.
 #include "daemon/io/command_channel.h"
 #include "daemon/service/sandbox.h"
 
@@ -29,6 +30,18 @@ Result<std::shared_ptr<CommandChild>> CommandChild::spawn(uv_loop_t *loop,
                                                           const std::vector<std::string> &argv,
                                                           Direction dir, int *fd)
 {
+    UniqueFd ours;
+    auto child = spawn(loop, argv, dir, &ours);
+    if (child) {
+        *fd = ours.release();
+    }
+    return child;
+}
+
+Result<std::shared_ptr<CommandChild>> CommandChild::spawn(uv_loop_t *loop,
+                                                          const std::vector<std::string> &argv,
+                                                          Direction dir, UniqueFd *fd)
+{
     std::string command = fmt::format("{}", fmt::join(argv, " "));
     if (argv.empty()) {
         return Error("exec: needs a command"); // QEMU 10 crashes here
@@ -44,22 +57,21 @@ Result<std::shared_ptr<CommandChild>> CommandChild::spawn(uv_loop_t *loop,
         return Error(fmt::format("cannot create a pipe for exec:{}: {}", command,
                                  std::strerror(errno)));
     }
-    int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
-    if (devnull < 0) {
-        int err = errno;
-        ::close(p[0]);
-        ::close(p[1]);
-        return Error(fmt::format("cannot open /dev/null: {}", std::strerror(err)));
+    UniqueFd read_end(p[0]), write_end(p[1]);
+    UniqueFd devnull(open("/dev/null", O_RDWR | O_CLOEXEC));
+    if (!devnull) {
+        return Error(fmt::format("cannot open /dev/null: {}", std::strerror(errno)));
     }
     bool to_child = dir == Direction::ToChild;
-    int child_end = to_child || both ? p[0] : p[1]; // a pipe's read end goes to stdin
-    int ours = to_child || both ? p[1] : p[0];
+    // A pipe's read end goes to stdin.
+    UniqueFd child_end = std::move(to_child || both ? read_end : write_end);
+    UniqueFd ours = std::move(to_child || both ? write_end : read_end);
 
     uv_stdio_container_t stdio[3];
     stdio[0].flags = UV_INHERIT_FD;
-    stdio[0].data.fd = to_child || both ? child_end : devnull;
+    stdio[0].data.fd = to_child || both ? child_end.get() : devnull.get();
     stdio[1].flags = UV_INHERIT_FD;
-    stdio[1].data.fd = to_child ? devnull : child_end;
+    stdio[1].data.fd = to_child ? devnull.get() : child_end.get();
     stdio[2].flags = UV_INHERIT_FD;
     stdio[2].data.fd = STDERR_FILENO;
 
@@ -84,10 +96,9 @@ Result<std::shared_ptr<CommandChild>> CommandChild::spawn(uv_loop_t *loop,
     auto *proc = new uv_process_t;
     proc->data = new ProcData{child};
     int rc = uv_spawn(loop, proc, &opt);
-    ::close(child_end);
-    ::close(devnull);
+    child_end.reset(); // the child's now, as /dev/null is
+    devnull.reset();
     if (rc != 0) {
-        ::close(ours);
         // A failed spawn still needs its handle closed.
         uv_close(reinterpret_cast<uv_handle_t *>(proc), [](uv_handle_t *h) {
             delete static_cast<ProcData *>(h->data);
@@ -98,7 +109,7 @@ Result<std::shared_ptr<CommandChild>> CommandChild::spawn(uv_loop_t *loop,
     child->pid_ = proc->pid;
     child->pgid_ = proc->pid;
     spdlog::info("exec: started '{}' (pid {})", command, proc->pid);
-    *fd = ours;
+    *fd = std::move(ours);
     return child;
 }
 

@@ -16,6 +16,7 @@
 
 #include <uv.h>
 
+#include "daemon/io/unique_fd.h"
 #include "protocol/error.h"
 
 namespace qmigd {
@@ -25,9 +26,12 @@ public:
     enum class Direction { ToChild, FromChild, Both };
 
     // Spawns the command; returns the child and sets *fd to our end of its
-    // pipe, or of its socket for Both (blocking, close-on-exec; the caller
-    // owns and closes it).
+    // pipe, or of its socket for Both (blocking, close-on-exec).
     // Loop thread.
+    static Result<std::shared_ptr<CommandChild>> spawn(uv_loop_t *loop,
+                                                       const std::vector<std::string> &argv,
+                                                       Direction dir, UniqueFd *fd);
+    // The same with a raw descriptor the caller closes.
     static Result<std::shared_ptr<CommandChild>> spawn(uv_loop_t *loop,
                                                        const std::vector<std::string> &argv,
                                                        Direction dir, int *fd);
@@ -50,7 +54,7 @@ private:
     static void on_exit(uv_process_t *p, int64_t status, int signal);
     void signal_group(int sig) const;
 
-    std::string command_;
+    std::string command_; // set at spawn, then read-only
     // Set at spawn (the child leads a process group of its own, with its
     // pid as the group's id), 0 once the loop has reaped it; read by any
     // thread. While it is not 0 the id cannot be reused.

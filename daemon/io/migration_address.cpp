@@ -1,3 +1,4 @@
+// Migration URIs and QMP `channels`: parsing tcp:, unix:, exec:, file: and fd: as QEMU does.
 #include "daemon/io/migration_address.h"
 
 #include <algorithm>

@@ -3,10 +3,10 @@
 
 #include <atomic>
 #include <cstring>
-#include <mutex>
 #include <thread>
 
 #include "daemon/thread_name.h"
+#include "daemon/thread_safety.h"
 
 namespace qmigd {
 
@@ -15,14 +15,14 @@ std::atomic<int> g_running{0}; // lookup threads alive, any loop
 } // namespace
 
 struct NameLookup::Shared {
-    std::mutex mu;
-    // Guarded by mu: the loop's handle while someone waits for the answer;
-    // null once cancel() closed it (the thread then only drops its answer).
-    uv_async_t *async = nullptr;
-    // Written by the thread before its uv_async_send (under mu), read on
-    // the loop after the wake-up.
-    int rc = EAI_AGAIN;
-    std::vector<sockaddr_storage> addrs;
+    Mutex mu;
+    // The loop's handle while someone waits for the answer; null once
+    // cancel() closed it (the thread then only drops its answer).
+    uv_async_t *async GUARDED_BY(mu) = nullptr;
+    // Written by the thread before its uv_async_send, read on the loop
+    // after the wake-up.
+    int rc GUARDED_BY(mu) = EAI_AGAIN;
+    std::vector<sockaddr_storage> addrs GUARDED_BY(mu);
 };
 
 std::unique_ptr<NameLookup> NameLookup::start(uv_loop_t *loop, const std::string &host,
@@ -39,7 +39,10 @@ std::unique_ptr<NameLookup> NameLookup::start(uv_loop_t *loop, const std::string
     l->async_ = new uv_async_t;
     uv_async_init(loop, l->async_, on_async);
     l->async_->data = l.get();
-    l->shared_->async = l->async_;
+    {
+        MutexLock lock(l->shared_->mu); // no thread yet, but the analysis cannot know
+        l->shared_->async = l->async_;
+    }
     std::thread([shared = l->shared_, host, port, hints_flags] {
         set_thread_name("qmigd/lookup");
         addrinfo hints{};
@@ -58,7 +61,7 @@ std::unique_ptr<NameLookup> NameLookup::start(uv_loop_t *loop, const std::string
             freeaddrinfo(res);
         }
         {
-            std::lock_guard<std::mutex> lock(shared->mu);
+            MutexLock lock(shared->mu);
             shared->rc = rc;
             shared->addrs = std::move(addrs);
             // Under mu: cancel() cannot close the handle between the check
@@ -78,7 +81,7 @@ void NameLookup::on_async(uv_async_t *h)
     int rc;
     std::vector<sockaddr_storage> addrs;
     {
-        std::lock_guard<std::mutex> lock(self->shared_->mu);
+        MutexLock lock(self->shared_->mu);
         rc = self->shared_->rc;
         addrs = std::move(self->shared_->addrs);
     }
@@ -96,7 +99,7 @@ void NameLookup::cancel()
         return;
     }
     {
-        std::lock_guard<std::mutex> lock(shared_->mu);
+        MutexLock lock(shared_->mu);
         shared_->async = nullptr;
     }
     uv_close(reinterpret_cast<uv_handle_t *>(async_),

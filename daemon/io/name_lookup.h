@@ -47,8 +47,9 @@ private:
     NameLookup() = default;
     static void on_async(uv_async_t *h);
 
+    // Loop thread only, all three (Shared's members have their own lock).
     std::shared_ptr<Shared> shared_;
-    uv_async_t *async_ = nullptr; // loop thread; freed in its close callback
+    uv_async_t *async_ = nullptr; // freed in its close callback
     Done done_;
 };
 

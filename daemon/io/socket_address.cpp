@@ -1,3 +1,4 @@
+// Socket addresses of migration URIs: host and port, or a unix path, as QEMU parses them.
 #include "daemon/io/socket_address.h"
 
 #include <cstdlib>

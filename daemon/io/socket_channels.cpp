@@ -1,3 +1,4 @@
+// Listening for migration channels: accept, read each connection's first bytes, hand it over.
 #include "daemon/io/socket_channels.h"
 
 #include <algorithm>
@@ -12,19 +13,9 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "daemon/socket_io.h"
+#include "daemon/io/migration_socket.h"
 
 namespace qmigd {
-
-void StreamHandle::init(uv_loop_t *loop, SocketAddress::Type type, void *data)
-{
-    if (type == SocketAddress::Type::Unix) {
-        uv_pipe_init(loop, &pipe, 0);
-    } else {
-        uv_tcp_init(loop, &tcp);
-    }
-    handle()->data = data;
-}
 
 namespace {
 
@@ -64,22 +55,22 @@ Error resolution_error(const SocketAddress &addr, int rc)
                              gai_strerror(rc)));
 }
 
-// A bound unix stream socket (close-on-exec, non-blocking), or -errno.
-int unix_listen_fd(const std::string &path)
+// Sets *fd to a bound unix stream socket (close-on-exec, non-blocking);
+// 0, or -errno.
+int unix_listen_fd(const std::string &path, UniqueFd *fd)
 {
-    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) {
+    UniqueFd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!s) {
         return -errno;
     }
     sockaddr_un un{};
     un.sun_family = AF_UNIX;
     std::memcpy(un.sun_path, path.c_str(), path.size()); // length checked by the caller
-    if (::bind(fd, reinterpret_cast<sockaddr *>(&un), sizeof(un)) < 0) {
-        int err = errno;
-        ::close(fd);
-        return -err;
+    if (::bind(s.get(), reinterpret_cast<sockaddr *>(&un), sizeof(un)) < 0) {
+        return -errno;
     }
-    return fd;
+    *fd = std::move(s);
+    return 0;
 }
 
 } // namespace
@@ -153,12 +144,14 @@ Status SocketListener::listen(const SocketAddress &addr, OnListening on_listenin
         }
         // Bound here, not with uv_pipe_bind(): libuv reports a missing
         // directory as EACCES, and QEMU's text carries the real errno.
-        int fd = unix_listen_fd(addr.path);
-        int rc = fd < 0 ? fd : uv_pipe_open(&server_->pipe, fd);
+        UniqueFd fd;
+        int rc = unix_listen_fd(addr.path, &fd);
         if (rc == 0) {
+            rc = uv_pipe_open(&server_->pipe, fd.get());
+        }
+        if (rc == 0) {
+            fd.release(); // the pipe handle owns it now
             rc = uv_listen(server_->stream(), 64, on_connection);
-        } else if (fd >= 0) {
-            ::close(fd);
         }
         if (rc != 0) {
             close();
@@ -343,15 +336,17 @@ void SocketListener::release(PendingConnection *c)
     pending_.erase(std::remove(pending_.begin(), pending_.end(), c), pending_.end());
 }
 
-Result<int> PendingConnection::take()
+Result<UniqueFd> PendingConnection::take_socket()
 {
     uv_os_fd_t ufd;
     uv_fileno(h_.handle(), &ufd);
     uv_read_stop(h_.stream());
-    auto fd = take_blocking_fd(ufd);
+    auto fd = take_blocking_socket(ufd);
     close();
     return fd;
 }
+
+Result<int> PendingConnection::take() { return released(take_socket()); }
 
 void PendingConnection::close()
 {
@@ -387,169 +382,6 @@ void SocketListener::close()
             ::unlink(addr_.path.c_str()); // QEMU's socket_listen_cleanup
         }
     }
-}
-
-struct SocketConnect::Attempt {
-    uv_connect_t req;
-    StreamHandle h;
-    std::shared_ptr<SocketConnect> owner; // keeps it alive until closed
-    size_t index = 0;
-};
-
-std::shared_ptr<SocketConnect> SocketConnect::start(uv_loop_t *loop, const SocketAddress &addr,
-                                                    unsigned count, Done done)
-{
-    std::shared_ptr<SocketConnect> c(new SocketConnect(loop, addr, count, std::move(done)));
-    if (addr.type == SocketAddress::Type::Unix) {
-        if (auto st = check_unix_path(addr.path); !st) {
-            c->finish(st.error());
-            return c;
-        }
-        c->addrs_.emplace_back(); // the path is the address
-        c->try_address(0);
-        return c;
-    }
-    // The lookup holds a reference until it answers or is cancelled.
-    c->lookup_ = NameLookup::start(loop, addr.host, std::to_string(addr.port), 0,
-                                   [c](int rc, const std::vector<sockaddr_storage> &addrs) {
-                                       c->resolved(rc, addrs);
-                                   });
-    if (!c->lookup_) {
-        c->finish(Error(fmt::format("address resolution failed for {}:{}: {}", addr.host,
-                                    addr.port, NameLookup::too_many())));
-    }
-    return c;
-}
-
-void SocketConnect::resolved(int rc, const std::vector<sockaddr_storage> &addrs)
-{
-    std::unique_ptr<NameLookup> done = std::move(lookup_); // freed on return
-    if (cancelled_) {
-        return;
-    }
-    addrs_ = addrs;
-    if (rc != 0 || addrs_.empty()) {
-        finish(Error(fmt::format("address resolution failed for {}:{}: {}", addr_.host,
-                                 addr_.port, gai_strerror(rc != 0 ? rc : EAI_NONAME))));
-        return;
-    }
-    try_address(0);
-}
-
-// Opens all `count_` connections to address `i`; on any failure the next
-// address is tried, as QEMU's inet_connect_saddr() walks getaddrinfo's list.
-void SocketConnect::try_address(size_t i)
-{
-    current_ = i;
-    fds_.assign(count_, -1);
-    error_.reset();
-    launching_ = true; // a connect failing at once must not end the round early
-    for (unsigned k = 0; k < count_; k++) {
-        auto *a = new Attempt;
-        a->owner = shared_from_this();
-        a->index = k;
-        a->h.init(loop_, addr_.type, a);
-        pending_.push_back(a);
-        if (addr_.type == SocketAddress::Type::Unix) {
-            uv_pipe_connect(&a->req, &a->h.pipe, addr_.path.c_str(), on_connect);
-            continue; // errors come through on_connect
-        }
-        int rc = uv_tcp_connect(&a->req, &a->h.tcp, reinterpret_cast<const sockaddr *>(&addrs_[i]),
-                                on_connect);
-        if (rc != 0) {
-            connected(a, rc);
-        }
-    }
-    launching_ = false;
-    round_done();
-}
-
-void SocketConnect::on_connect(uv_connect_t *req, int status)
-{
-    auto *a = reinterpret_cast<Attempt *>(req);
-    a->owner->connected(a, status);
-}
-
-void SocketConnect::connected(Attempt *a, int status)
-{
-    if (status == 0 && !cancelled_) {
-        uv_os_fd_t ufd;
-        uv_fileno(a->h.handle(), &ufd);
-        auto fd = take_blocking_fd(ufd);
-        if (fd) {
-            fds_[a->index] = *fd;
-        } else if (!error_) {
-            error_ = fd.error();
-        }
-    } else if (status < 0 && !error_) {
-        // QEMU's text: strerror() ("Connection refused"), not libuv's.
-        error_.emplace(fmt::format("Failed to connect to '{}': {}", addr_.display(),
-                                   std::strerror(-status)));
-    }
-    pending_.erase(std::find(pending_.begin(), pending_.end(), a));
-    if (!uv_is_closing(a->h.handle())) {
-        close_attempt(a);
-    }
-    round_done();
-}
-
-// All connects to the current address are back: done, or the next address.
-void SocketConnect::round_done()
-{
-    if (launching_ || !pending_.empty() || cancelled_) {
-        return;
-    }
-    if (error_) {
-        close_fds();
-        if (current_ + 1 < addrs_.size()) {
-            try_address(current_ + 1);
-            return;
-        }
-        finish(*error_);
-        return;
-    }
-    finish(fds_);
-}
-
-void SocketConnect::close_attempt(Attempt *a)
-{
-    uv_close(a->h.handle(),
-             [](uv_handle_t *h) { delete static_cast<Attempt *>(h->data); });
-}
-
-void SocketConnect::close_fds()
-{
-    for (int &fd : fds_) {
-        if (fd >= 0) {
-            ::close(fd);
-        }
-        fd = -1;
-    }
-}
-
-void SocketConnect::finish(Result<std::vector<int>> r)
-{
-    Done done = std::move(done_);
-    done_ = nullptr;
-    if (done) {
-        done(std::move(r));
-    }
-}
-
-void SocketConnect::cancel()
-{
-    if (cancelled_) {
-        return;
-    }
-    cancelled_ = true;
-    done_ = nullptr;
-    lookup_.reset(); // its answer is dropped; the reference it held goes
-
-    for (Attempt *a : pending_) {
-        // Closing a connecting handle makes its callback run with ECANCELED.
-        close_attempt(a);
-    }
-    close_fds();
 }
 
 } // namespace qmigd

@@ -1,3 +1,4 @@
+// MSG_ZEROCOPY sends and their completions from the socket's error queue.
 #include "daemon/io/zero_copy.h"
 
 #include <cerrno>

@@ -38,7 +38,7 @@ private:
     // Reads the completions queued so far; blocks for one when `wait`.
     Status reap(bool wait);
 
-    int fd_;
+    int fd_; // borrowed: the channel's owner keeps it open
     uint64_t queued_ = 0; // sendmsg() calls made with MSG_ZEROCOPY
     uint64_t done_ = 0;   // of those, completed
     bool zero_copied_ = false; // since the last flush, some went without a copy

@@ -1,3 +1,4 @@
+// A parked VM's directory: vm.json, its images and device state, written and read back.
 #include "daemon/park/parked_vm.h"
 
 #include <fcntl.h>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "daemon/io/unique_fd.h"
 #include "daemon/socket_io.h"
 #include "monitor/qapi_visit.h"
 #include "protocol/device_state.h"
@@ -43,17 +45,17 @@ Status write_file(const std::string &path, const void *data, size_t len)
 {
     std::string tmp = path + ".tmp";
     ::unlink(tmp.c_str()); // a leftover of a park that was killed
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0) {
+    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!fd) {
         return file_error("Could not create", tmp, errno);
     }
-    Status st = pwrite_full(fd, data, len, 0);
+    Status st = pwrite_full(fd.get(), data, len, 0);
     if (!st) {
         st = Error(st.error()).prepend(fmt::format("'{}': ", tmp));
-    } else if (::fsync(fd) != 0) {
+    } else if (::fsync(fd.get()) != 0) {
         st = file_error("Could not sync", tmp, errno);
     }
-    ::close(fd);
+    fd.reset();
     if (st && std::rename(tmp.c_str(), path.c_str()) != 0) {
         st = file_error("Could not rename it to", path, errno);
     }
@@ -67,14 +69,14 @@ Status write_file(const std::string &path, const void *data, size_t len)
 // never a symbolic link, FIFO or device (which could hang or never end).
 Result<std::string> read_file(const std::string &path, size_t max)
 {
-    int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    if (!fd) {
         return file_error("Could not open", path, errno);
     }
     struct stat st;
     std::string out;
     Status ok;
-    if (fstat(fd, &st) != 0) {
+    if (fstat(fd.get(), &st) != 0) {
         ok = file_error("Could not stat", path, errno);
     } else if (!S_ISREG(st.st_mode)) {
         ok = Error(fmt::format("'{}' is not a regular file", path));
@@ -82,12 +84,11 @@ Result<std::string> read_file(const std::string &path, size_t max)
         ok = Error(fmt::format("'{}' is larger than {} bytes", path, max));
     } else {
         out.resize(size_t(st.st_size));
-        ok = pread_full(fd, out.data(), out.size(), 0);
+        ok = pread_full(fd.get(), out.data(), out.size(), 0);
         if (!ok) {
             ok = Error(ok.error()).prepend(fmt::format("'{}': ", path));
         }
     }
-    ::close(fd);
     if (!ok) {
         return ok.error();
     }
@@ -341,14 +342,14 @@ Status park_dir_check(const std::string &dir)
 
 Status parked_dir_sync(const std::string &dir)
 {
-    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
+    UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!fd) {
         return file_error("Could not open", dir, errno);
     }
-    int rc = ::fsync(fd);
-    int err = errno;
-    ::close(fd);
-    return rc == 0 ? Status() : Status(file_error("Could not sync", dir, err));
+    if (::fsync(fd.get()) != 0) {
+        return file_error("Could not sync", dir, errno);
+    }
+    return {};
 }
 
 namespace {

@@ -1,3 +1,4 @@
+// Log lines journald files with their priority (sd-daemon's "<N>" prefixes) when stderr is its stream.
 #include "daemon/service/journal_log.h"
 
 #include <cstdio>

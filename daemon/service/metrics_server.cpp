@@ -1,3 +1,4 @@
+// /metrics over HTTP: the libmicrohttpd server thread, its connection bounds and the scrape.
 #include "daemon/service/metrics_server.h"
 
 #include <algorithm>
@@ -5,7 +6,6 @@
 #include <condition_variable>
 #include <cstdarg>
 #include <cstring>
-#include <mutex>
 #include <optional>
 
 #include <microhttpd.h>
@@ -19,6 +19,7 @@
 
 #include "daemon/io/socket_address.h"
 #include "daemon/thread_name.h"
+#include "daemon/thread_safety.h"
 
 namespace qmigd {
 
@@ -26,11 +27,11 @@ namespace qmigd {
 // text, or for stop(). Shared with the closure posted to the loop, which
 // may run after the server is gone.
 struct MetricsServer::Exchange {
-    std::mutex mu;
-    std::condition_variable cv;
-    uint64_t asked = 0;               // protected by mu
-    std::optional<std::string> text;  // protected by mu: the answer to `asked`
-    bool stopping = false;            // protected by mu
+    Mutex mu;
+    std::condition_variable cv; // text set, or stopping
+    uint64_t asked GUARDED_BY(mu) = 0;
+    std::optional<std::string> text GUARDED_BY(mu); // the answer to `asked`
+    bool stopping GUARDED_BY(mu) = false;
 };
 
 namespace {
@@ -127,8 +128,8 @@ Status MetricsServer::start(const std::string &address)
         return Error("--metrics '" + address + "': cannot listen there");
     }
     port_ = MHD_get_daemon_info(mhd_, MHD_DAEMON_INFO_BIND_PORT)->port;
-    wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (wake_fd_ < 0) {
+    wake_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!wake_fd_) {
         MHD_stop_daemon(mhd_);
         mhd_ = nullptr;
         return Error(std::string("--metrics: eventfd: ") + std::strerror(errno));
@@ -145,15 +146,14 @@ void MetricsServer::stop()
         return;
     }
     {
-        std::lock_guard<std::mutex> l(exchange_->mu);
+        MutexLock l(exchange_->mu);
         exchange_->stopping = true;
     }
     exchange_->cv.notify_all();
     uint64_t one = 1;
-    (void)!::write(wake_fd_, &one, sizeof one);
+    (void)!::write(wake_fd_.get(), &one, sizeof one);
     thread_.join();
-    ::close(wake_fd_);
-    wake_fd_ = -1;
+    wake_fd_.reset();
 }
 
 // The server thread: libmicrohttpd's epoll descriptor and our wake-up,
@@ -176,7 +176,7 @@ void MetricsServer::serve()
             timeout = 0;
             closed_ = false;
         }
-        pollfd fds[2] = {{epoll_fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+        pollfd fds[2] = {{epoll_fd, POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
         if (::poll(fds, 2, timeout) < 0 && errno != EINTR) {
             spdlog::error("metrics: poll: {}", std::strerror(errno));
             break;
@@ -279,20 +279,22 @@ std::string MetricsServer::loop_text(bool *ok)
     std::shared_ptr<Exchange> ex = exchange_;
     uint64_t id;
     {
-        std::lock_guard<std::mutex> l(ex->mu);
+        MutexLock l(ex->mu);
         id = ++ex->asked;
         ex->text.reset();
     }
     dispatcher_.post([ex, id, text = text_] {
         std::string t = text();
-        std::lock_guard<std::mutex> l(ex->mu);
+        MutexLock l(ex->mu);
         if (ex->asked == id) {
             ex->text = std::move(t);
             ex->cv.notify_all();
         }
     });
-    std::unique_lock<std::mutex> l(ex->mu);
-    ex->cv.wait_for(l, std::chrono::seconds(2), [&] { return ex->stopping || ex->text; });
+    MutexLock l(ex->mu);
+    auto until = Clock::now() + std::chrono::seconds(2);
+    while (!ex->stopping && !ex->text && l.wait_until(ex->cv, until)) {
+    }
     *ok = ex->text.has_value() && !ex->stopping;
     return *ok ? std::move(*ex->text) : std::string();
 }

@@ -32,6 +32,7 @@
 #include <string>
 #include <thread>
 
+#include "daemon/io/unique_fd.h"
 #include "daemon/loop_dispatcher.h"
 #include "protocol/error.h"
 
@@ -87,14 +88,19 @@ private:
     void cut(Tracked &t);
     std::string loop_text(bool *ok);
 
+    // Set at construction, then read-only.
     LoopDispatcher &dispatcher_;
     std::function<std::string()> text_;
     MetricsLimits limits_;
-    std::shared_ptr<Exchange> exchange_;
+    std::shared_ptr<Exchange> exchange_; // its members guarded by its own mutex
+    // Set by start() before the server thread starts; the server thread's
+    // from then on (serve() stops it); stop() joins that thread.
     MHD_Daemon *mhd_ = nullptr;
-    int wake_fd_ = -1; // eventfd: stop() wakes serve()
-    std::thread thread_;
-    int port_ = 0;
+    // eventfd: stop() wakes serve(). Opened by start() before the thread
+    // starts, closed by stop() after joining it.
+    UniqueFd wake_fd_;
+    std::thread thread_; // start() and stop() only
+    int port_ = 0;       // set by start(), then read-only
     // Open connections, oldest first (server thread only).
     std::list<Tracked> tracked_;
     // The last text and when it was made (server thread only).

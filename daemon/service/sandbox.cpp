@@ -1,4 +1,7 @@
+// --sandbox, --runas, --chroot: seccomp filters and dropping privileges (QEMU's -sandbox, -run-with).
 #include "daemon/service/sandbox.h"
+
+#include "daemon/io/unique_fd.h"
 
 #include <algorithm>
 #include <atomic>
@@ -281,19 +284,18 @@ Status make_dir_for(const std::string &dir, const struct passwd &pw)
     if (::mkdir(dir.c_str(), 0700) != 0) {
         return Error(strerror(errno));
     }
-    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) {
+    UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd) {
         return Error(fmt::format("it changed while being made: {}", strerror(errno)));
     }
     struct stat st;
-    bool ours = ::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == ::geteuid() &&
-                st.st_nlink == 2;
-    int rc = !ours ? (errno = EEXIST, -1)
-                   : ::fchown(fd, pw.pw_uid, pw.pw_gid) != 0 ? -1 : ::fchmod(fd, 0700);
-    int saved = errno;
-    ::close(fd);
-    if (rc != 0) {
-        return Error(ours ? strerror(saved) : "it was replaced while being made");
+    bool ours = ::fstat(fd.get(), &st) == 0 && S_ISDIR(st.st_mode) &&
+                st.st_uid == ::geteuid() && st.st_nlink == 2;
+    if (!ours) {
+        return Error("it was replaced while being made");
+    }
+    if (::fchown(fd.get(), pw.pw_uid, pw.pw_gid) != 0 || ::fchmod(fd.get(), 0700) != 0) {
+        return Error(strerror(errno));
     }
     return {};
 }

@@ -1,3 +1,4 @@
+// Telling a service manager how the daemon is doing: the notify socket and its datagrams.
 #include "daemon/service/service_notify.h"
 
 #include <cerrno>
@@ -28,24 +29,23 @@ uint64_t watchdog_from_environment()
 
 // A datagram socket connected to `address` (a path, or \0NAME) now, while
 // the path is reachable: after --chroot it is not, and after --runas the
-// new user may not write to it. -1 (said in the log) if it cannot be.
-int connect_manager(const std::string &address, const std::string &given)
+// new user may not write to it. None (said in the log) if it cannot be.
+UniqueFd connect_manager(const std::string &address, const std::string &given)
 {
-    int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
+    UniqueFd fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    if (!fd) {
         spdlog::warn("NOTIFY_SOCKET: socket: {}", std::strerror(errno));
-        return -1;
+        return fd;
     }
     sockaddr_un sa = {};
     sa.sun_family = AF_UNIX;
     std::memcpy(sa.sun_path, address.data(), address.size());
     socklen_t len = socklen_t(offsetof(sockaddr_un, sun_path) + address.size() +
                               (address[0] == '\0' ? 0 : 1));
-    if (::connect(fd, reinterpret_cast<const sockaddr *>(&sa), len) < 0) {
+    if (::connect(fd.get(), reinterpret_cast<const sockaddr *>(&sa), len) < 0) {
         spdlog::warn("NOTIFY_SOCKET '{}': {}: the service manager will not hear from qmigd",
                      given, std::strerror(errno));
-        ::close(fd);
-        return -1;
+        return UniqueFd();
     }
     return fd;
 }
@@ -72,16 +72,16 @@ std::unique_ptr<ServiceNotifier> ServiceNotifier::from_environment()
     if (address[0] == '@') {
         address[0] = '\0';
     }
-    int fd = connect_manager(address, given);
-    return fd < 0 ? nullptr
-                  : std::unique_ptr<ServiceNotifier>(new ServiceNotifier(fd, watchdog));
+    UniqueFd fd = connect_manager(address, given);
+    if (!fd) {
+        return nullptr;
+    }
+    return std::unique_ptr<ServiceNotifier>(new ServiceNotifier(std::move(fd), watchdog));
 }
-
-ServiceNotifier::~ServiceNotifier() { ::close(fd_); }
 
 void ServiceNotifier::send(const std::string &state)
 {
-    if (::send(fd_, state.data(), state.size(), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+    if (::send(fd_.get(), state.data(), state.size(), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
         spdlog::debug("NOTIFY_SOCKET: {}", std::strerror(errno));
     }
 }

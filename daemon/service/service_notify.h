@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "daemon/io/unique_fd.h"
 #include "protocol/error.h"
 
 namespace qmigd {
@@ -28,7 +29,6 @@ public:
     // asked, or its socket cannot be reached. Both are removed from the environment, so that
     // commands qmigd starts (exec:) do not talk to the manager as qmigd.
     static std::unique_ptr<ServiceNotifier> from_environment();
-    ~ServiceNotifier();
 
     // One datagram, never waiting for room: a manager that went away or
     // stopped reading is not an error of ours.
@@ -37,9 +37,12 @@ public:
     uint64_t watchdog_usec() const { return watchdog_usec_; }
 
 private:
-    ServiceNotifier(int fd, uint64_t watchdog_usec) : fd_(fd), watchdog_usec_(watchdog_usec) {}
+    ServiceNotifier(UniqueFd fd, uint64_t watchdog_usec)
+        : fd_(std::move(fd)), watchdog_usec_(watchdog_usec)
+    {
+    }
 
-    int fd_; // connected to the manager's socket
+    UniqueFd fd_; // connected to the manager's socket
     uint64_t watchdog_usec_;
 };
 

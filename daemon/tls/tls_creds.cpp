@@ -1,3 +1,4 @@
+// TLS credentials (tls-creds-x509) and authz-list objects: loading and checking them.
 #include "daemon/tls/tls_creds.h"
 
 #include <cerrno>

@@ -1,3 +1,4 @@
+// TLS handshakes of a destination's connections: a thread each, bounded, evicted and reaped.
 #include "daemon/tls/tls_handshakes.h"
 
 #include <chrono>

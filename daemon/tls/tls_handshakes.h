@@ -13,9 +13,11 @@
 // it, however fast they come. Threads are joined as soon as they post their
 // result, so none is left mapped.
 //
-// Thread ownership: the table and the timer belong to the loop thread; a
-// handshake thread reads only its own Entry's fd and writes its Progress
-// (atomics), then posts its result to the loop and ends.
+// Thread ownership: the table, its entries and the timer belong to the loop
+// thread, but for an Entry's Progress: its handshake thread writes it (atomics,
+// read by the loop) and touches nothing else of the table; it posts its result
+// to the loop and ends. An Entry's fd is borrowed: start()'s caller keeps the
+// socket open until that result has run on the loop.
 #pragma once
 
 #include <atomic>
@@ -70,7 +72,7 @@ public:
 private:
     struct Entry {
         uint64_t id = 0;
-        int fd = -1;
+        int fd = -1; // borrowed (see above); end() shuts it down
         uint64_t started_ms = 0; // uv_now() at start, as the listener's clock
         Progress progress;
         bool ended = false; // its socket was shut down

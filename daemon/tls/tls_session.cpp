@@ -1,3 +1,4 @@
+// A TLS session over one blocking migration socket: GnuTLS set up as QEMU checks its peer.
 #include "daemon/tls/tls_session.h"
 
 #include <cerrno>
@@ -32,10 +33,7 @@ ssize_t TlsSession::push(gnutls_transport_ptr_t p, const void *data, size_t n)
     for (;;) {
         ssize_t r = ::send(t->fd_, data, n, MSG_NOSIGNAL);
         if (r >= 0 || errno != EINTR) {
-            if (r < 0) {
-                gnutls_transport_set_errno(t->s_, errno);
-            }
-            return r;
+            return r; // GnuTLS reads this thread's errno (see the header)
         }
     }
 }
@@ -55,9 +53,6 @@ ssize_t TlsSession::pull(gnutls_transport_ptr_t p, void *data, size_t n)
             t->received_->fetch_add(uint64_t(r), std::memory_order_relaxed);
         }
         if (r >= 0 || errno != EINTR) {
-            if (r < 0) {
-                gnutls_transport_set_errno(t->s_, errno);
-            }
             return r;
         }
     }

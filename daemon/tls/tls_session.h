@@ -2,9 +2,16 @@
 // with qcrypto_tls_session_check_credentials): the handshake and the peer
 // checks QEMU makes, in its words, then record I/O.
 //
-// Thread ownership: one channel thread at a time (the thread that did the
-// handshake, or the one it was handed to); shutdown_fd() on the socket
-// from any thread wakes it, as for plain sockets.
+// Thread ownership: the handshake on one thread; then one reading thread
+// (read()) and one writing thread (write(), writev(), bye()) at a time, which
+// may be two threads at once: GnuTLS allows one send and one receive in
+// parallel on a session, and the return path's reader reads the main
+// channel's session while the migration thread writes it. So pull() and
+// pull_timeout() touch only the reader's members (pending_, received_),
+// push() only the fd, and neither calls gnutls_transport_set_errno() (one
+// errno per session, "unreliable" with two threads, says GnuTLS): GnuTLS
+// reads each thread's own errno instead. shutdown_fd() on the socket from
+// any thread wakes both, as for plain sockets.
 #pragma once
 
 #include <atomic>
@@ -65,12 +72,14 @@ private:
     static ssize_t pull(gnutls_transport_ptr_t p, void *data, size_t n);
     static int pull_timeout(gnutls_transport_ptr_t p, unsigned ms);
 
-    int fd_;
-    gnutls_session_t s_ = nullptr;
-    std::vector<uint8_t> pending_; // already_read, handed to GnuTLS first
-    std::atomic<uint64_t> *received_ = nullptr; // during the server handshake
+    int fd_;                       // borrowed: the channel's owner keeps it open
+    gnutls_session_t s_ = nullptr; // GnuTLS splits it between reader and writer
+    // The reader's (pull()): already_read, handed to GnuTLS first.
+    std::vector<uint8_t> pending_;
     size_t pending_pos_ = 0;
-    std::string peer_name_;
+    // The handshake thread's, until stop_counting().
+    std::atomic<uint64_t> *received_ = nullptr;
+    std::string peer_name_; // set by the handshake, then read-only
 };
 
 } // namespace qmigd
