@@ -16,9 +16,13 @@ class QMPError(Exception):
 
 
 class QMP:
-    def __init__(self, path, timeout=30.0, negotiate=True):
+    def __init__(self, path, timeout=30.0, negotiate=True, startup=None):
+        """`startup`, if longer than `timeout`: how long the greeting and
+        qmp_capabilities may take, a process starting on a busy machine
+        (QEMU runs the commands only once it has made the machine)."""
         self.path = path
-        deadline = time.monotonic() + timeout
+        startup = max(timeout, startup or 0)
+        deadline = time.monotonic() + startup
         while True:
             try:
                 self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -29,13 +33,14 @@ class QMP:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.02)
-        self.sock.settimeout(timeout)
+        self.sock.settimeout(startup)
         self.buf = b""
         self.events = []
         self.next_id = 1
         self.greeting = self._read()
         if negotiate:
             self.cmd("qmp_capabilities")
+        self.sock.settimeout(timeout)
 
     def _read(self):
         while b"\n" not in self.buf:

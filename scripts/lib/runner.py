@@ -123,7 +123,9 @@ class Peer:
                                      env={**os.environ, **extra_env} if extra_env else None)
         self.qmp = None
         try:
-            self.qmp = QMP(self.qmp_path, timeout=20)
+            # Its start may wait 20 s and more for the CPU when tests run
+            # side by side on a busy machine (seen twice for QEMU).
+            self.qmp = QMP(self.qmp_path, timeout=20, startup=60)
         except Exception:
             self.stop()
             raise
