@@ -66,7 +66,8 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     received_.clear();
     {
         std::lock_guard<std::mutex> lk(recover_mu_);
-        recover_fd_ = -1;
+        recovered_.reset();
+        recover_new_ = false;
         recover_abort_ = false;
     }
     end_preempt(); // a previous migration's, if any
@@ -78,7 +79,8 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     }
     // A mapped-ram file has no channels to accept: its readers are threads.
     bool sockets = addr.transport == MigrationAddress::Transport::Socket;
-    multifd_.assign(params.multifd && sockets ? params.channels : 0, std::nullopt);
+    multifd_.clear();
+    multifd_.resize(params.multifd && sockets ? params.channels : 0);
     file_in_ = MappedRamFileIn{};
     error_desc_.clear();
     thread_error_.reset();
@@ -95,23 +97,21 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     child_.reset();
     if (addr.transport != MigrationAddress::Transport::Socket) {
         // The stream is one file or pipe: the main channel at once.
-        auto fd = one_channel_open(loop_, addr, false, params.tls.enabled(), fd_source_,
-                                   &child_);
-        QMIGD_TRY(fd);
+        auto opened = one_channel_open(loop_, addr, false, params.tls.enabled(), fd_source_,
+                                       &child_);
+        QMIGD_TRY(opened);
+        UniqueFd fd(*opened);
         if (params.mapped_ram) {
-            if (Status st = open_mapped_ram(addr, *fd); !st) {
-                ::close(*fd);
-                return st;
-            }
+            QMIGD_TRY(open_mapped_ram(addr, fd.get()));
         }
         set_status(MigrationStatus::Setup);
         if (params_.tls.enabled()) {
             // fd: (a socket libvirt connected and handed over) or exec:
             // with TLS: the handshake first, as for a listener's connection.
-            handshake_on_thread(*fd, {});
+            handshake_on_thread(std::move(fd), {});
             return {};
         }
-        main_ = Channel{*fd, {}, nullptr};
+        main_ = Accepted{std::make_unique<Channel>(std::move(fd)), {}};
         maybe_start();
         return {};
     }
@@ -159,7 +159,9 @@ Status IncomingMigration::open_mapped_ram(const MigrationAddress &addr, int fd)
     if (params_.direct_io) {
         auto fds = file_channels_open(addr, false, file_in_.threads, true);
         QMIGD_TRY(fds);
-        file_in_.direct_fds = *fds;
+        for (int d : *fds) {
+            file_in_.direct_fds.emplace_back(d);
+        }
     }
     return {};
 }
@@ -202,18 +204,14 @@ void IncomingMigration::cleanup_channels()
     // An exec: command gets EOF or EPIPE from the close below and ends;
     // it is reaped on the loop whenever it does.
     child_.reset();
-    if (main_ && main_->fd >= 0) {
-        ::close(main_->fd);
-    }
     main_.reset();
-    for (int fd : file_in_.direct_fds) {
-        ::close(fd);
+    {
+        std::lock_guard<std::mutex> lk(recover_mu_);
+        recovered_.reset();
+        recover_new_ = false;
     }
     file_in_ = MappedRamFileIn{};
     for (auto &ch : multifd_) {
-        if (ch && ch->fd >= 0) {
-            ::close(ch->fd);
-        }
         ch.reset();
     }
 }
@@ -246,9 +244,9 @@ void IncomingMigration::maybe_start()
         }
     }
     sync_ = channels ? std::make_unique<MultifdRecvSync>(multifd_.size()) : nullptr;
-    set_link_timeout(main_->fd, params_.link_timeout_ms);
+    set_link_timeout(main_->ch->fd(), params_.link_timeout_ms);
     for (const auto &ch : multifd_) {
-        set_link_timeout(ch->fd, params_.link_timeout_ms);
+        set_link_timeout(ch->ch->fd(), params_.link_timeout_ms);
     }
     set_status(MigrationStatus::Active);
     if (multifd_.empty()) {
@@ -290,11 +288,13 @@ void IncomingMigration::abort_with(const Error &err)
     // unless the load thread is blocked writing it (a source that does not
     // read): rp_writes_ ends that write and bounds the SHUT's.
     if (main_) {
+        std::lock_guard<std::mutex> lk(recover_mu_);
+        Channel *ch = current_main();
         if (rp_open_) {
-            ::shutdown(main_->fd, SHUT_RD);
+            ::shutdown(ch->fd(), SHUT_RD);
             rp_writes_.abort();
         } else {
-            shutdown_fd(main_->fd);
+            ch->shutdown();
         }
     }
     if (child_) {
@@ -302,13 +302,13 @@ void IncomingMigration::abort_with(const Error &err)
     }
     {
         std::lock_guard<std::mutex> lk(preempt_mu_);
-        if (preempt_fd_ >= 0) {
-            shutdown_fd(preempt_fd_);
+        if (preempt_) {
+            preempt_->shutdown();
         }
     }
     for (const auto &ch : multifd_) {
         if (ch) {
-            shutdown_fd(ch->fd);
+            ch->ch->shutdown();
         }
     }
 }

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <uv.h>
 
+#include "daemon/channel.h"
 #include "daemon/loop_dispatcher.h"
 #include "daemon/migration_status.h"
 #include "daemon/dest/mapped_ram_load.h"
@@ -108,32 +109,34 @@ private:
         return status_ == MigrationStatus::Active || migration_in_postcopy(status_);
     }
 
-    struct Channel {
-        int fd = -1;
+    // A classified channel: the bytes read to tell what it is (the main
+    // channel's stream starts with them) and the channel itself.
+    struct Accepted {
+        std::unique_ptr<Channel> ch;
         std::vector<uint8_t> prefix;
-        std::shared_ptr<TlsSession> tls; // with tls-creds
     };
 
     void on_prefix(PendingConnection *c, const Error *err);
     // Takes a classified connection: the main channel or a multifd one
-    // (its init message in `prefix`). Closes fd on failure.
-    void adopt(std::vector<uint8_t> prefix, int fd, std::shared_ptr<TlsSession> tls);
-    Status accept_multifd(const std::vector<uint8_t> &prefix, int fd,
-                          std::shared_ptr<TlsSession> tls);
+    // (its init message in `prefix`). Drops (closes) it on failure.
+    void adopt(std::vector<uint8_t> prefix, std::unique_ptr<Channel> ch);
+    Status accept_multifd(const std::vector<uint8_t> &prefix, std::unique_ptr<Channel> &ch);
     // TLS: the handshake and the first decrypted bytes, on a thread of
     // handshakes_; the result comes back to the loop (tls_ready).
     void start_tls(PendingConnection *c);
     static size_t tls_record_wanted(const std::vector<uint8_t> &prefix);
-    void handshake_on_thread(int fd, std::vector<uint8_t> raw);
+    void handshake_on_thread(UniqueFd fd, std::vector<uint8_t> raw);
     Result<std::vector<uint8_t>> tls_identify(int fd, std::vector<uint8_t> raw,
                                               TlsHandshakes::Progress &progress,
-                                              std::shared_ptr<TlsSession> *tls);
-    // `ended`: handshakes_ ended it (a stranger past its deadline).
-    void tls_ready(uint64_t generation, int fd, Result<std::vector<uint8_t>> prefix,
-                   std::shared_ptr<TlsSession> tls, bool ended);
+                                              std::unique_ptr<TlsSession> *tls);
+    // `ended`: handshakes_ ended it (a stranger past its deadline). `ch`
+    // carries its TLS session when the handshake went through.
+    void tls_ready(uint64_t generation, std::unique_ptr<Channel> ch,
+                   Result<std::vector<uint8_t>> prefix, bool ended);
     // Active: a connection that identified itself as one more migration
-    // channel ends the migration; anything else is a stranger's, closed.
-    void extra_connection(const std::vector<uint8_t> &prefix, int fd);
+    // channel ends the migration; anything else is a stranger's. The
+    // caller drops (closes) the connection.
+    void extra_connection(const std::vector<uint8_t> &prefix);
     Status open_mapped_ram(const MigrationAddress &addr, int fd);
     // The listener's end of setting up (SocketListener::OnListening).
     void listening(const Status &st);
@@ -151,8 +154,8 @@ private:
     // page goes on it), and read by a thread of its own.
     bool take_preempt(PendingConnection *c);
     // `generation`: the migration's when the channel was taken.
-    void preempt_thread_main(int fd, uint64_t generation);
-    Status preempt_load(int fd);
+    void preempt_thread_main(Channel *ch, uint64_t generation);
+    Status preempt_load(Channel *ch);
     void preempt_failed(const Error &err, uint64_t generation);
     // After the main stream (load thread, `drain`: the reader reads to the
     // source's end marker first) or at cleanup (loop): wakes and joins the
@@ -162,8 +165,11 @@ private:
     // Postcopy recovery (QEMU's postcopy_pause_incoming()): the load thread
     // waits for the new main channel (migrate-recover's first connection,
     // taken by take_recovered() on the loop), or for the migration's end.
-    Result<int> postcopy_pause_incoming(const Error &why);
+    Result<Channel *> postcopy_pause_incoming(const Error &why);
     bool take_recovered(PendingConnection *c);
+    // The main channel the load thread reads now (main_'s, or the last
+    // recovery's). Under recover_mu_.
+    Channel *current_main();
     // Park mode. Load thread: creates the announced blocks' images.
     Status park_announce(const std::vector<RamBlockDesc> &descs);
     // Receive threads: the block list to decode packets with (null once
@@ -188,9 +194,9 @@ private:
     std::unique_ptr<SocketListener> listener_;
     FdSource fd_source_;
     std::shared_ptr<CommandChild> child_; // exec: the command
-    std::optional<Channel> main_;
+    std::optional<Accepted> main_;
     MappedRamFileIn file_in_; // mapped-ram: main_'s file, and O_DIRECT fds
-    std::vector<std::optional<Channel>> multifd_;
+    std::vector<std::optional<Accepted>> multifd_;
     // Multifd on here, the main channel in, multifd channels missing: a
     // source with multifd off sends RAM pages on the main channel and
     // never opens one (QEMU 10 waits in `setup` for ever). Polls the main
@@ -251,7 +257,7 @@ private:
     // the load thread (or cleanup); all three under preempt_mu_.
     std::mutex preempt_mu_;
     std::condition_variable preempt_cv_; // preempt_done_ set
-    int preempt_fd_ = -1;            // protected by preempt_mu_
+    std::unique_ptr<Channel> preempt_; // protected by preempt_mu_
     bool preempt_ended_ = false;     // protected by preempt_mu_: shut down here
     bool preempt_draining_ = false;  // protected by preempt_mu_: the main stream ended
     bool preempt_done_ = false;      // protected by preempt_mu_: the reader returned
@@ -262,7 +268,10 @@ private:
     // Postcopy recovery's hand-over, loop thread to load thread.
     std::mutex recover_mu_;
     std::condition_variable recover_cv_;
-    int recover_fd_ = -1;        // protected by recover_mu_
+    // The main channel since the last recovery (main_'s, broken, stays
+    // open until cleanup); `recover_new_`: the load thread has not taken it.
+    std::unique_ptr<Channel> recovered_; // protected by recover_mu_
+    bool recover_new_ = false;           // protected by recover_mu_
     bool recover_abort_ = false; // protected by recover_mu_
     // With postcopy-ram, one per block (made once the blocks are known,
     // before pages come): what a recovery tells the source we have.

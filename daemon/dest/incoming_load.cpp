@@ -72,7 +72,7 @@ static Status receive_packet(ChannelReader &in, RamImage &img, const MultiFDPack
 
 void IncomingMigration::recv_thread_main(size_t id)
 {
-    ChannelReader in(multifd_[id]->fd, multifd_[id]->tls.get());
+    ChannelReader in(multifd_[id]->ch->fd(), multifd_[id]->ch->tls());
     uint8_t header[MULTIFD_PACKET_HEADER_SIZE];
     RecvChannelState ch;
     const MultiFDMethod &method = multifd_method(params_.compression);
@@ -205,14 +205,14 @@ void IncomingMigration::load_thread_main()
             recv_thread_main(i);
         });
     }
-    FdInputStream in(main_->fd, main_->prefix, main_->tls.get());
+    FdInputStream in(main_->ch->fd(), main_->prefix, main_->ch->tls());
     QEMUFileReader f(in, 256 * 1024);
     ImageLoadHandler::Announce announce;
     if (load_cfg_.park) {
         announce = [this](const std::vector<RamBlockDesc> &d) { return park_announce(d); };
     }
     auto open_rp = [this]() -> Status {
-        auto rp = ReturnPathOut::open(main_->fd, main_->tls.get(), rp_writes_);
+        auto rp = ReturnPathOut::open(main_->ch->fd(), main_->ch->tls(), rp_writes_);
         QMIGD_TRY(rp);
         rp_ = std::move(*rp);
         rp_open_ = true; // abort_with() leaves its write side open from now on
@@ -255,14 +255,14 @@ void IncomingMigration::load_thread_main()
         while (!result && session.in_postcopy()) {
             bytes_.fetch_add(rf ? rf->pos() : 0, std::memory_order_relaxed);
             (void)handler.flush(); // whole pages read so far count as received
-            auto fd = postcopy_pause_incoming(result.error());
-            if (!fd) {
-                result = fd.error();
+            auto ch = postcopy_pause_incoming(result.error());
+            if (!ch) {
+                result = ch.error();
                 break;
             }
-            rin = std::make_unique<FdInputStream>(*fd, std::vector<uint8_t>{}, nullptr);
+            rin = std::make_unique<FdInputStream>((*ch)->fd(), std::vector<uint8_t>{}, nullptr);
             rf = std::make_unique<QEMUFileReader>(*rin, 256 * 1024);
-            auto rp = ReturnPathOut::open(*fd, nullptr, rp_writes_);
+            auto rp = ReturnPathOut::open((*ch)->fd(), nullptr, rp_writes_);
             if (!rp) {
                 result = rp.error();
                 break;
@@ -312,7 +312,7 @@ void IncomingMigration::load_thread_main()
             sync_->abort();
         }
         for (const auto &ch : multifd_) {
-            shutdown_fd(ch->fd);
+            ch->ch->shutdown();
         }
     } else {
         abort_with(result.error());

@@ -164,7 +164,7 @@ Status mapped_ram_load_block(const MappedRamFileIn &in, RAMBlock &block,
     std::optional<Error> err; // first failure, protected by err_mu
     std::atomic<bool> stop{false};
     auto worker = [&](unsigned t) {
-        int fd = in.direct_fds.empty() ? in.fd : in.direct_fds[t % in.direct_fds.size()];
+        int fd = in.direct_fds.empty() ? in.fd : in.direct_fds[t % in.direct_fds.size()].get();
         std::unique_ptr<uint8_t, decltype(&std::free)> scratch(
             static_cast<uint8_t *>(std::aligned_alloc(TARGET_PAGE_SIZE, kGapBytes)), &std::free);
         for (size_t i; !stop && (i = next.fetch_add(1)) < todo.size();) {

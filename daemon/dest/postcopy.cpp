@@ -20,7 +20,7 @@ bool IncomingMigration::take_preempt(PendingConnection *c)
         return false;
     }
     std::lock_guard<std::mutex> lk(preempt_mu_);
-    if (preempt_ended_ || preempt_fd_ >= 0) {
+    if (preempt_ended_ || preempt_) {
         return false; // a stranger, as any other connection
     }
     auto fd = c->take();
@@ -28,11 +28,11 @@ bool IncomingMigration::take_preempt(PendingConnection *c)
         return true;
     }
     set_link_timeout(*fd, params_.link_timeout_ms);
-    preempt_fd_ = *fd;
+    preempt_ = std::make_unique<Channel>(UniqueFd(*fd));
     preempt_done_ = preempt_used_ = false;
-    preempt_thread_ = std::thread([this, fd = *fd, generation = generation_] {
+    preempt_thread_ = std::thread([this, ch = preempt_.get(), generation = generation_] {
         set_thread_name("mig/dst/preempt");
-        preempt_thread_main(fd, generation);
+        preempt_thread_main(ch, generation);
     });
     spdlog::info("incoming migration: postcopy preempt channel connected");
     return true;
@@ -43,9 +43,9 @@ bool IncomingMigration::take_preempt(PendingConnection *c)
 // only, so the two never write the same one) and into the received
 // bitmaps (a recovery tells the source about them too), until the source's
 // end marker (QEMU's postcopy_preempt_shutdown_file()).
-void IncomingMigration::preempt_thread_main(int fd, uint64_t generation)
+void IncomingMigration::preempt_thread_main(Channel *ch, uint64_t generation)
 {
-    Status st = preempt_load(fd);
+    Status st = preempt_load(ch);
     if (!st) {
         preempt_failed(st.error(), generation);
     }
@@ -56,7 +56,7 @@ void IncomingMigration::preempt_thread_main(int fd, uint64_t generation)
     preempt_cv_.notify_all(); // Pairs with the wait in end_preempt()
 }
 
-Status IncomingMigration::preempt_load(int fd)
+Status IncomingMigration::preempt_load(Channel *ch)
 {
     const std::vector<RamBlockDesc> *descs = packet_blocks();
     if (!descs) {
@@ -64,7 +64,7 @@ Status IncomingMigration::preempt_load(int fd)
     }
     LoadvmConfig cfg;
     cfg.blocks = *descs;
-    FdInputStream in(fd, {}, nullptr);
+    FdInputStream in(ch->fd(), {}, nullptr);
     QEMUFileReader f(in, 64 * 1024);
     if (f.peek_byte() >= 0) {
         std::lock_guard<std::mutex> lk(preempt_mu_);
@@ -139,7 +139,7 @@ bool IncomingMigration::end_preempt(bool drain)
     {
         std::unique_lock<std::mutex> lk(preempt_mu_);
         if (drain && preempt_thread_.joinable() &&
-            (preempt_used_ || bytes_queued(preempt_fd_) > 0)) {
+            (preempt_used_ || bytes_queued(preempt_->fd()) > 0)) {
             preempt_draining_ = true;
             auto done = [this] { return preempt_done_ || pause_requested_; };
             if (params_.link_timeout_ms) {
@@ -159,8 +159,8 @@ bool IncomingMigration::end_preempt(bool drain)
             }
         }
         preempt_ended_ = true;
-        if (preempt_fd_ >= 0) {
-            shutdown_fd(preempt_fd_);
+        if (preempt_) {
+            preempt_->shutdown();
         }
         t = std::move(preempt_thread_);
     }
@@ -168,16 +168,13 @@ bool IncomingMigration::end_preempt(bool drain)
         t.join();
     }
     std::lock_guard<std::mutex> lk(preempt_mu_);
-    if (preempt_fd_ >= 0) {
-        ::close(preempt_fd_);
-        preempt_fd_ = -1;
-    }
+    preempt_.reset(); // its reader is joined
     return paused;
 }
 
 // postcopy_pause_incoming(): the broken channel and its return path go;
 // the pages read so far are in the images and in received_.
-Result<int> IncomingMigration::postcopy_pause_incoming(const Error &why)
+Result<Channel *> IncomingMigration::postcopy_pause_incoming(const Error &why)
 {
     spdlog::error("incoming migration: Detected IO failure for postcopy. Migration paused: {}",
                   why.message());
@@ -196,13 +193,12 @@ Result<int> IncomingMigration::postcopy_pause_incoming(const Error &why)
         }
     });
     std::unique_lock<std::mutex> lk(recover_mu_);
-    recover_cv_.wait(lk, [this] { return recover_fd_ >= 0 || recover_abort_; });
+    recover_cv_.wait(lk, [this] { return recover_new_ || recover_abort_; });
     if (recover_abort_) {
         return Error(why).prepend("postcopy given up while paused: ");
     }
-    int fd = recover_fd_;
-    recover_fd_ = -1;
-    return fd;
+    recover_new_ = false;
+    return recovered_.get();
 }
 
 bool IncomingMigration::take_recovered(PendingConnection *c)
@@ -215,15 +211,15 @@ bool IncomingMigration::take_recovered(PendingConnection *c)
         return true;
     }
     set_link_timeout(*fd, params_.link_timeout_ms);
-    ::close(main_->fd); // the load thread dropped it when it paused
-    main_->fd = *fd;
-    main_->prefix.clear();
-    main_->tls.reset();
     set_status(MigrationStatus::PostcopyRecover);
     spdlog::info("incoming migration: postcopy recovery: new main channel connected");
     {
+        // The previous recovery's channel goes (the load thread dropped
+        // it when it paused); main_'s stays open, shut, until cleanup.
         std::lock_guard<std::mutex> lk(recover_mu_);
-        recover_fd_ = *fd;
+        current_main()->shutdown();
+        recovered_ = std::make_unique<Channel>(UniqueFd(*fd));
+        recover_new_ = true;
     }
     recover_cv_.notify_all();
     return true;
@@ -272,8 +268,14 @@ void IncomingMigration::pause()
     }
     preempt_cv_.notify_all();
     if (main_) {
-        shutdown_fd(main_->fd);
+        std::lock_guard<std::mutex> lk(recover_mu_);
+        current_main()->shutdown();
     }
+}
+
+Channel *IncomingMigration::current_main()
+{
+    return recovered_ ? recovered_.get() : main_->ch.get();
 }
 
 } // namespace qmigd
