@@ -1,3 +1,4 @@
+// The destination's loop-side state machine: migrate-incoming, cancel, the end, query-migrate.
 #include "daemon/dest/incoming.h"
 
 #include <sys/socket.h>
@@ -61,18 +62,21 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     params_ = params;
     main_.reset();
     parked_.reset();
-    park_ready_ = park_abort_ = false;
+    {
+        MutexLock lk(park_mu_);
+        park_ready_ = park_abort_ = blocks_handed_ = false;
+    }
     park_descs_.clear();
     received_.clear();
     {
-        std::lock_guard<std::mutex> lk(recover_mu_);
+        MutexLock lk(recover_mu_);
         recovered_.reset();
         recover_new_ = false;
         recover_abort_ = false;
     }
     end_preempt(); // a previous migration's, if any
     {
-        std::lock_guard<std::mutex> lk(preempt_mu_);
+        MutexLock lk(preempt_mu_);
         preempt_ended_ = false;
         preempt_draining_ = false;
         pause_requested_ = false;
@@ -83,7 +87,10 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     multifd_.resize(params.multifd && sockets ? params.channels : 0);
     file_in_ = MappedRamFileIn{};
     error_desc_.clear();
-    thread_error_.reset();
+    {
+        MutexLock lk(err_mu_);
+        thread_error_.reset();
+    }
     loading_done_ = false;
     rp_open_ = false;
     rp_writes_.reset();
@@ -206,7 +213,7 @@ void IncomingMigration::cleanup_channels()
     child_.reset();
     main_.reset();
     {
-        std::lock_guard<std::mutex> lk(recover_mu_);
+        MutexLock lk(recover_mu_);
         recovered_.reset();
         recover_new_ = false;
     }
@@ -264,17 +271,17 @@ void IncomingMigration::maybe_start()
 void IncomingMigration::abort_with(const Error &err)
 {
     {
-        std::lock_guard<std::mutex> lk(park_mu_);
+        MutexLock lk(park_mu_);
         park_abort_ = true;
     }
     park_cv_.notify_all();
     {
-        std::lock_guard<std::mutex> lk(recover_mu_);
+        MutexLock lk(recover_mu_);
         recover_abort_ = true;
     }
     recover_cv_.notify_all();
     {
-        std::lock_guard<std::mutex> lk(err_mu_);
+        MutexLock lk(err_mu_);
         if (!thread_error_) {
             thread_error_ = err;
         }
@@ -288,7 +295,7 @@ void IncomingMigration::abort_with(const Error &err)
     // unless the load thread is blocked writing it (a source that does not
     // read): rp_writes_ ends that write and bounds the SHUT's.
     if (main_) {
-        std::lock_guard<std::mutex> lk(recover_mu_);
+        MutexLock lk(recover_mu_);
         Channel *ch = current_main();
         if (rp_open_) {
             ::shutdown(ch->fd(), SHUT_RD);
@@ -301,7 +308,7 @@ void IncomingMigration::abort_with(const Error &err)
         child_->terminate(); // set before the threads started, reset after
     }
     {
-        std::lock_guard<std::mutex> lk(preempt_mu_);
+        MutexLock lk(preempt_mu_);
         if (preempt_) {
             preempt_->shutdown();
         }

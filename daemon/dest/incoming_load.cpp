@@ -120,6 +120,7 @@ void IncomingMigration::recv_thread_main(size_t id)
 
 Status IncomingMigration::park_announce(const std::vector<RamBlockDesc> &descs)
 {
+    std::vector<RAMBlock> made;
     for (size_t i = 0; i < descs.size(); i++) {
         RamBlockSpec spec;
         spec.name = descs[i].idstr;
@@ -135,8 +136,9 @@ Status IncomingMigration::park_announce(const std::vector<RamBlockDesc> &descs)
         auto b = ram_block_open(spec, false);
         QMIGD_TRY(b);
         b->image->scan_holes();
-        blocks_.push_back(std::move(*b));
+        made.push_back(std::move(*b));
     }
+    QMIGD_TRY(hand_over_blocks(std::move(made)));
     spdlog::info("incoming migration: parking {} RAM blocks in {}", descs.size(),
                  params_.park_dir);
     if (params_.postcopy_ram) {
@@ -145,11 +147,37 @@ Status IncomingMigration::park_announce(const std::vector<RamBlockDesc> &descs)
         }
     }
     {
-        std::lock_guard<std::mutex> lk(park_mu_);
+        MutexLock lk(park_mu_);
         park_descs_ = descs;
         park_ready_ = true;
     }
     park_cv_.notify_all();
+    return {};
+}
+
+// blocks_ is the daemon's list, which the loop reads (a /metrics scrape
+// lists its blocks): the loop appends the new ones, and the load thread
+// reads the list once it has (blocks_handed_ under park_mu_ orders the two).
+Status IncomingMigration::hand_over_blocks(std::vector<RAMBlock> made)
+{
+    auto holder = std::make_shared<std::vector<RAMBlock>>(std::move(made));
+    dispatcher_.post([this, holder] {
+        for (auto &b : *holder) {
+            blocks_.push_back(std::move(b));
+        }
+        {
+            MutexLock lk(park_mu_);
+            blocks_handed_ = true;
+        }
+        park_cv_.notify_all();
+    });
+    MutexLock lk(park_mu_);
+    while (!blocks_handed_ && !park_abort_) {
+        lk.wait(park_cv_);
+    }
+    if (!blocks_handed_) {
+        return Error("aborted while the parked blocks were handed to the loop");
+    }
     return {};
 }
 
@@ -158,8 +186,10 @@ const std::vector<RamBlockDesc> *IncomingMigration::packet_blocks()
     if (!load_cfg_.park) {
         return &load_cfg_.blocks;
     }
-    std::unique_lock<std::mutex> lk(park_mu_);
-    park_cv_.wait(lk, [this] { return park_ready_ || park_abort_; });
+    MutexLock lk(park_mu_);
+    while (!park_ready_ && !park_abort_) {
+        lk.wait(park_cv_);
+    }
     return park_abort_ ? nullptr : &park_descs_;
 }
 
@@ -323,7 +353,7 @@ void IncomingMigration::load_thread_main()
     recv_threads_.clear();
     std::optional<Error> err;
     {
-        std::lock_guard<std::mutex> lk(err_mu_);
+        MutexLock lk(err_mu_);
         err = thread_error_;
     }
     if (rp_) {

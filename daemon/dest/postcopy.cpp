@@ -19,7 +19,7 @@ bool IncomingMigration::take_preempt(PendingConnection *c)
     if (!params_.postcopy_preempt || !main_ || !loading()) {
         return false;
     }
-    std::lock_guard<std::mutex> lk(preempt_mu_);
+    MutexLock lk(preempt_mu_);
     if (preempt_ended_ || preempt_) {
         return false; // a stranger, as any other connection
     }
@@ -50,7 +50,7 @@ void IncomingMigration::preempt_thread_main(Channel *ch, uint64_t generation)
         preempt_failed(st.error(), generation);
     }
     {
-        std::lock_guard<std::mutex> lk(preempt_mu_);
+        MutexLock lk(preempt_mu_);
         preempt_done_ = true;
     }
     preempt_cv_.notify_all(); // Pairs with the wait in end_preempt()
@@ -67,7 +67,7 @@ Status IncomingMigration::preempt_load(Channel *ch)
     FdInputStream in(ch->fd(), {}, nullptr);
     QEMUFileReader f(in, 64 * 1024);
     if (f.peek_byte() >= 0) {
-        std::lock_guard<std::mutex> lk(preempt_mu_);
+        MutexLock lk(preempt_mu_);
         preempt_used_ = true; // the source sends on it: end_preempt() drains it
     }
     std::unique_ptr<ReturnPathOut> no_rp;
@@ -101,7 +101,7 @@ void IncomingMigration::preempt_failed(const Error &err, uint64_t generation)
     Error why = Error(err).prepend("postcopy preempt channel: ");
     bool ended, fail;
     {
-        std::lock_guard<std::mutex> lk(preempt_mu_);
+        MutexLock lk(preempt_mu_);
         ended = preempt_ended_;
         fail = !postcopy_listening_ || preempt_draining_;
     }
@@ -137,16 +137,18 @@ bool IncomingMigration::end_preempt(bool drain)
     std::thread t;
     bool paused = false;
     {
-        std::unique_lock<std::mutex> lk(preempt_mu_);
+        MutexLock lk(preempt_mu_);
         if (drain && preempt_thread_.joinable() &&
             (preempt_used_ || bytes_queued(preempt_->fd()) > 0)) {
             preempt_draining_ = true;
-            auto done = [this] { return preempt_done_ || pause_requested_; };
-            if (params_.link_timeout_ms) {
-                preempt_cv_.wait_for(lk, std::chrono::milliseconds(params_.link_timeout_ms),
-                                     done);
-            } else {
-                preempt_cv_.wait(lk, done);
+            auto until = std::chrono::steady_clock::now() +
+                         std::chrono::milliseconds(params_.link_timeout_ms);
+            while (!preempt_done_ && !pause_requested_) {
+                if (!params_.link_timeout_ms) {
+                    lk.wait(preempt_cv_);
+                } else if (!lk.wait_until(preempt_cv_, until)) {
+                    break;
+                }
             }
             paused = !preempt_done_ && pause_requested_;
             if (paused) {
@@ -167,7 +169,7 @@ bool IncomingMigration::end_preempt(bool drain)
     if (t.joinable()) {
         t.join();
     }
-    std::lock_guard<std::mutex> lk(preempt_mu_);
+    MutexLock lk(preempt_mu_);
     preempt_.reset(); // its reader is joined
     return paused;
 }
@@ -181,7 +183,7 @@ Result<Channel *> IncomingMigration::postcopy_pause_incoming(const Error &why)
     rp_.reset();
     end_preempt();
     {
-        std::lock_guard<std::mutex> lk(preempt_mu_);
+        MutexLock lk(preempt_mu_);
         preempt_ended_ = false; // the resumed source connects it again
         preempt_draining_ = false;
         pause_requested_ = false; // this is the pause
@@ -192,8 +194,10 @@ Result<Channel *> IncomingMigration::postcopy_pause_incoming(const Error &why)
             set_status(MigrationStatus::PostcopyPaused);
         }
     });
-    std::unique_lock<std::mutex> lk(recover_mu_);
-    recover_cv_.wait(lk, [this] { return recover_new_ || recover_abort_; });
+    MutexLock lk(recover_mu_);
+    while (!recover_new_ && !recover_abort_) {
+        lk.wait(recover_cv_);
+    }
     if (recover_abort_) {
         return Error(why).prepend("postcopy given up while paused: ");
     }
@@ -216,7 +220,7 @@ bool IncomingMigration::take_recovered(PendingConnection *c)
     {
         // The previous recovery's channel goes (the load thread dropped
         // it when it paused); main_'s stays open, shut, until cleanup.
-        std::lock_guard<std::mutex> lk(recover_mu_);
+        MutexLock lk(recover_mu_);
         current_main()->shutdown();
         recovered_ = std::make_unique<Channel>(UniqueFd(*fd));
         recover_new_ = true;
@@ -263,12 +267,12 @@ void IncomingMigration::pause()
     {
         // The load thread may be past the main stream, waiting for the
         // preempt channel's end marker (end_preempt()): that wait ends too.
-        std::lock_guard<std::mutex> lk(preempt_mu_);
+        MutexLock lk(preempt_mu_);
         pause_requested_ = true;
     }
     preempt_cv_.notify_all();
     if (main_) {
-        std::lock_guard<std::mutex> lk(recover_mu_);
+        MutexLock lk(recover_mu_);
         current_main()->shutdown();
     }
 }
