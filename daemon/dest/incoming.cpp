@@ -136,43 +136,6 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     return {};
 }
 
-// The listener is up, or its name did not resolve or bind (`failed`,
-// with QEMU's text as error-desc, as a migrate-incoming error would say).
-void IncomingMigration::listening(const Status &st)
-{
-    if (!st) {
-        fail_setup(st.error());
-        return;
-    }
-    spdlog::info("incoming migration: listening on {} ({})", listener_->address().uri(),
-                 params_.multifd ? fmt::format("multifd, {} channels, compression {}",
-                                               params_.channels,
-                                               multifd_method(params_.compression).name)
-                                 : std::string("main channel only, no multifd"));
-}
-
-// The file's size bounds every offset its headers name; direct-io reads
-// pages through O_DIRECT descriptors of their own (QEMU opens its multifd
-// channels that way), the stream through the buffered one.
-Status IncomingMigration::open_mapped_ram(const MigrationAddress &addr, int fd)
-{
-    struct stat st;
-    if (fstat(fd, &st) < 0) {
-        return Error(fmt::format("Could not stat '{}': {}", addr.filename, std::strerror(errno)));
-    }
-    file_in_.fd = fd;
-    file_in_.file_size = uint64_t(st.st_size);
-    file_in_.threads = params_.multifd ? std::max(params_.channels, 1u) : 1;
-    if (params_.direct_io) {
-        auto fds = file_channels_open(addr, false, file_in_.threads, true);
-        QMIGD_TRY(fds);
-        for (int d : *fds) {
-            file_in_.direct_fds.emplace_back(d);
-        }
-    }
-    return {};
-}
-
 void IncomingMigration::cancel()
 {
     if (!migration_is_running(status_)) {
@@ -194,33 +157,6 @@ void IncomingMigration::fail_setup(const Error &err)
     error_desc_ = err.message();
     cleanup_channels();
     set_status(MigrationStatus::Failed);
-}
-
-void IncomingMigration::cleanup_channels()
-{
-    end_preempt();
-    stop_multifd_watch();
-    if (listener_) {
-        listener_->close();
-        listener_.reset();
-    }
-    generation_++;
-    if (handshakes_) {
-        handshakes_->close_all(); // their results still come: tls_ready() closes them
-    }
-    // An exec: command gets EOF or EPIPE from the close below and ends;
-    // it is reaped on the loop whenever it does.
-    child_.reset();
-    main_.reset();
-    {
-        MutexLock lk(recover_mu_);
-        recovered_.reset();
-        recover_new_ = false;
-    }
-    file_in_ = MappedRamFileIn{};
-    for (auto &ch : multifd_) {
-        ch.reset();
-    }
 }
 
 void IncomingMigration::maybe_start()
@@ -266,58 +202,6 @@ void IncomingMigration::maybe_start()
         set_thread_name("mig/dst/main");
         load_thread_main();
     });
-}
-
-void IncomingMigration::abort_with(const Error &err)
-{
-    {
-        MutexLock lk(park_mu_);
-        park_abort_ = true;
-    }
-    park_cv_.notify_all();
-    {
-        MutexLock lk(recover_mu_);
-        recover_abort_ = true;
-    }
-    recover_cv_.notify_all();
-    {
-        MutexLock lk(err_mu_);
-        if (!thread_error_) {
-            thread_error_ = err;
-        }
-    }
-    if (sync_) {
-        sync_->abort();
-    }
-    // Wake threads blocked in read(); fds stay open until finish(). A
-    // pipe cannot be shut down: its writer, the exec: command, goes. With
-    // a return path the main socket's write side stays open for the SHUT,
-    // unless the load thread is blocked writing it (a source that does not
-    // read): rp_writes_ ends that write and bounds the SHUT's.
-    if (main_) {
-        MutexLock lk(recover_mu_);
-        Channel *ch = current_main();
-        if (rp_open_) {
-            ::shutdown(ch->fd(), SHUT_RD);
-            rp_writes_.abort();
-        } else {
-            ch->shutdown();
-        }
-    }
-    if (child_) {
-        child_->terminate(); // set before the threads started, reset after
-    }
-    {
-        MutexLock lk(preempt_mu_);
-        if (preempt_) {
-            preempt_->shutdown();
-        }
-    }
-    for (const auto &ch : multifd_) {
-        if (ch) {
-            ch->ch->shutdown();
-        }
-    }
 }
 
 void IncomingMigration::finish(std::optional<Error> err, std::string runstate)

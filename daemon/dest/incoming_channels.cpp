@@ -5,11 +5,13 @@
 #include "daemon/dest/incoming.h"
 
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "daemon/io/file_channel.h"
 #include "daemon/socket_io.h"
 #include "protocol/multifd_packet.h"
 #include "protocol/wire.h"
@@ -368,6 +370,70 @@ void IncomingMigration::tls_ready(uint64_t gen, std::unique_ptr<Channel> ch,
         tls_failed_quiet_ = 0;
     } else {
         tls_failed_quiet_++;
+    }
+}
+
+// The listener is up, or its name did not resolve or bind (`failed`,
+// with QEMU's text as error-desc, as a migrate-incoming error would say).
+void IncomingMigration::listening(const Status &st)
+{
+    if (!st) {
+        fail_setup(st.error());
+        return;
+    }
+    spdlog::info("incoming migration: listening on {} ({})", listener_->address().uri(),
+                 params_.multifd ? fmt::format("multifd, {} channels, compression {}",
+                                               params_.channels,
+                                               multifd_method(params_.compression).name)
+                                 : std::string("main channel only, no multifd"));
+}
+
+// The file's size bounds every offset its headers name; direct-io reads
+// pages through O_DIRECT descriptors of their own (QEMU opens its multifd
+// channels that way), the stream through the buffered one.
+Status IncomingMigration::open_mapped_ram(const MigrationAddress &addr, int fd)
+{
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        return Error(fmt::format("Could not stat '{}': {}", addr.filename, std::strerror(errno)));
+    }
+    file_in_.fd = fd;
+    file_in_.file_size = uint64_t(st.st_size);
+    file_in_.threads = params_.multifd ? std::max(params_.channels, 1u) : 1;
+    if (params_.direct_io) {
+        auto fds = file_channels_open(addr, false, file_in_.threads, true);
+        QMIGD_TRY(fds);
+        for (int d : *fds) {
+            file_in_.direct_fds.emplace_back(d);
+        }
+    }
+    return {};
+}
+
+void IncomingMigration::cleanup_channels()
+{
+    end_preempt();
+    stop_multifd_watch();
+    if (listener_) {
+        listener_->close();
+        listener_.reset();
+    }
+    generation_++;
+    if (handshakes_) {
+        handshakes_->close_all(); // their results still come: tls_ready() closes them
+    }
+    // An exec: command gets EOF or EPIPE from the close below and ends;
+    // it is reaped on the loop whenever it does.
+    child_.reset();
+    main_.reset();
+    {
+        MutexLock lk(recover_mu_);
+        recovered_.reset();
+        recover_new_ = false;
+    }
+    file_in_ = MappedRamFileIn{};
+    for (auto &ch : multifd_) {
+        ch.reset();
     }
 }
 

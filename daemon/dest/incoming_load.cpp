@@ -241,21 +241,52 @@ void IncomingMigration::load_thread_main()
     if (load_cfg_.park) {
         announce = [this](const std::vector<RamBlockDesc> &d) { return park_announce(d); };
     }
-    auto open_rp = [this]() -> Status {
-        auto rp = ReturnPathOut::open(main_->ch->fd(), main_->ch->tls(), rp_writes_);
-        QMIGD_TRY(rp);
-        rp_ = std::move(*rp);
-        rp_open_ = true; // abort_with() leaves its write side open from now on
-        if (params_.switchover_ack) {
-            // loadvm_process_command(): no device needs to hold the
-            // switchover, so the ack goes as soon as the return path opens.
-            spdlog::info("incoming migration: switchover acknowledged");
-            return rp_->switchover_ack();
-        }
-        return {};
-    };
     ImageLoadHandler handler(blocks_, sync_.get(), params_.mapped_ram ? &file_in_ : nullptr,
-                             std::move(announce), open_rp, rp_);
+                             std::move(announce), [this] { return open_return_path(); }, rp_);
+    watch_postcopy(handler);
+    LoadvmSession session(load_cfg_, handler);
+    auto result = load_postcopy(session, handler, session.load(f));
+    std::optional<ParkedVm> parked = end_stream(result, handler);
+    bytes_.fetch_add(f.pos(), std::memory_order_relaxed);
+    end_channels(result, handler);
+    std::optional<Error> err;
+    {
+        MutexLock lk(err_mu_);
+        err = thread_error_;
+    }
+    if (rp_) {
+        // The verdict, once everything is loaded (and a parked VM durable):
+        // QEMU's migration_incoming_state_destroy().
+        rp_->shut(!result || err);
+        rp_.reset();
+    }
+    std::string runstate = result ? result->runstate : "inmigrate";
+    dispatcher_.post([this, err, runstate, parked = std::move(parked)]() mutable {
+        parked_ = std::move(parked);
+        finish(err, runstate);
+    });
+}
+
+// The stream's OPEN_RETURN_PATH.
+Status IncomingMigration::open_return_path()
+{
+    auto rp = ReturnPathOut::open(main_->ch->fd(), main_->ch->tls(), rp_writes_);
+    QMIGD_TRY(rp);
+    rp_ = std::move(*rp);
+    rp_open_ = true; // abort_with() leaves its write side open from now on
+    if (params_.switchover_ack) {
+        // loadvm_process_command(): no device needs to hold the
+        // switchover, so the ack goes as soon as the return path opens.
+        spdlog::info("incoming migration: switchover acknowledged");
+        return rp_->switchover_ack();
+    }
+    return {};
+}
+
+// The status follows the postcopy: active at the package's LISTEN, and
+// again once a recovery's first page came.
+void IncomingMigration::watch_postcopy(ImageLoadHandler &handler)
+{
     if (params_.postcopy_ram) {
         handler.set_postcopy(&received_, [this] {
             dispatcher_.post([this] {
@@ -275,10 +306,14 @@ void IncomingMigration::load_thread_main()
             }
         });
     });
-    LoadvmSession session(load_cfg_, handler);
-    auto result = session.load(f);
-    // In postcopy a failure pauses: the guest may run at the source's
-    // destination... and here the stream goes on over a new channel.
+}
+
+// In postcopy a failure pauses: the guest may run at the source's
+// destination... and here the stream goes on over a new channel.
+Result<LoadvmResult> IncomingMigration::load_postcopy(LoadvmSession &session,
+                                                      ImageLoadHandler &handler,
+                                                      Result<LoadvmResult> result)
+{
     std::unique_ptr<FdInputStream> rin;
     std::unique_ptr<QEMUFileReader> rf;
     for (;;) {
@@ -312,6 +347,14 @@ void IncomingMigration::load_thread_main()
     if (rf) {
         bytes_.fetch_add(rf->pos(), std::memory_order_relaxed);
     }
+    return result;
+}
+
+// After the stream: the last pages flushed and, parking, the VM made
+// durable (returned for the loop's query); a failure goes into `result`.
+std::optional<ParkedVm> IncomingMigration::end_stream(Result<LoadvmResult> &result,
+                                                      ImageLoadHandler &handler)
+{
     if (result) {
         if (Status st = handler.flush(); !st) {
             result = st.error();
@@ -326,7 +369,14 @@ void IncomingMigration::load_thread_main()
             result = vm.error();
         }
     }
-    bytes_.fetch_add(f.pos(), std::memory_order_relaxed);
+    return parked;
+}
+
+// The receive threads end (their channels shut down) and are joined;
+// the counts of a load that went well are added.
+void IncomingMigration::end_channels(const Result<LoadvmResult> &result,
+                                     ImageLoadHandler &handler)
+{
     if (result && result->uuid && params_.uuid == Uuid{}) {
         // vmstate_uuid_post_load(): only a warning without a UUID of our own.
         spdlog::warn("UUID is received {}, but local uuid isn't set",
@@ -351,22 +401,58 @@ void IncomingMigration::load_thread_main()
         t.join();
     }
     recv_threads_.clear();
-    std::optional<Error> err;
+}
+
+void IncomingMigration::abort_with(const Error &err)
+{
+    {
+        MutexLock lk(park_mu_);
+        park_abort_ = true;
+    }
+    park_cv_.notify_all();
+    {
+        MutexLock lk(recover_mu_);
+        recover_abort_ = true;
+    }
+    recover_cv_.notify_all();
     {
         MutexLock lk(err_mu_);
-        err = thread_error_;
+        if (!thread_error_) {
+            thread_error_ = err;
+        }
     }
-    if (rp_) {
-        // The verdict, once everything is loaded (and a parked VM durable):
-        // QEMU's migration_incoming_state_destroy().
-        rp_->shut(!result || err);
-        rp_.reset();
+    if (sync_) {
+        sync_->abort();
     }
-    std::string runstate = result ? result->runstate : "inmigrate";
-    dispatcher_.post([this, err, runstate, parked = std::move(parked)]() mutable {
-        parked_ = std::move(parked);
-        finish(err, runstate);
-    });
+    // Wake threads blocked in read(); fds stay open until finish(). A
+    // pipe cannot be shut down: its writer, the exec: command, goes. With
+    // a return path the main socket's write side stays open for the SHUT,
+    // unless the load thread is blocked writing it (a source that does not
+    // read): rp_writes_ ends that write and bounds the SHUT's.
+    if (main_) {
+        MutexLock lk(recover_mu_);
+        Channel *ch = current_main();
+        if (rp_open_) {
+            ::shutdown(ch->fd(), SHUT_RD);
+            rp_writes_.abort();
+        } else {
+            ch->shutdown();
+        }
+    }
+    if (child_) {
+        child_->terminate(); // set before the threads started, reset after
+    }
+    {
+        MutexLock lk(preempt_mu_);
+        if (preempt_) {
+            preempt_->shutdown();
+        }
+    }
+    for (const auto &ch : multifd_) {
+        if (ch) {
+            ch->ch->shutdown();
+        }
+    }
 }
 
 } // namespace qmigd
