@@ -8,6 +8,7 @@
 
 #include "protocol/loadvm.h"
 #include "protocol/postcopy.h"
+#include "protocol/savevm.h"
 
 namespace qmigd {
 
@@ -93,5 +94,19 @@ struct FakeLoader : LoadvmHandler {
         return {};
     }
 };
+
+// What a precopy stream ends with after RAM's last part (RAM is section
+// 1): the switchover, RAM's END section, the timer, a globalstate of
+// `running`, the EOF and its vmdesc.
+inline void put_stream_end(ByteWriter &w)
+{
+    savevm_put_command(w, MIG_CMD_SWITCHOVER_START);
+    savevm_put_section_continue(w, QEMU_VM_SECTION_END, 1);
+    ram_put_flag(w, RAM_SAVE_FLAG_EOS);
+    savevm_put_footer(w, 1);
+    savevm_put_timer(w, 0);
+    savevm_put_globalstate(w, 3, "running");
+    savevm_put_eof_and_vmdesc(w);
+}
 
 } // namespace qmigd

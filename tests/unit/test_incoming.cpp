@@ -17,6 +17,7 @@
 #include "daemon/dest/incoming.h"
 #include "daemon/loop_dispatcher.h"
 #include "protocol/savevm.h"
+#include "tests/unit/fake_loader.h"
 
 using namespace qmigd;
 
@@ -146,17 +147,6 @@ void put_pages(ByteWriter &w, uint8_t fill, const char *block = "mem")
     savevm_put_footer(w, 1);
 }
 
-void put_end(ByteWriter &w)
-{
-    savevm_put_command(w, MIG_CMD_SWITCHOVER_START);
-    savevm_put_section_continue(w, QEMU_VM_SECTION_END, 1);
-    ram_put_flag(w, RAM_SAVE_FLAG_EOS);
-    savevm_put_footer(w, 1);
-    savevm_put_timer(w, 0);
-    savevm_put_globalstate(w, 3, "running");
-    savevm_put_eof_and_vmdesc(w);
-}
-
 } // namespace
 
 TEST_CASE("destination in-process: a whole stream completes", "[dest]")
@@ -166,7 +156,7 @@ TEST_CASE("destination in-process: a whole stream completes", "[dest]")
     ByteWriter w(s);
     put_start(w);
     put_pages(w, 0x5A);
-    put_end(w);
+    put_stream_end(w);
     d.send(s);
     CHECK(d.wait_end() == MigrationStatus::Completed);
     CHECK(d.incoming->runstate() == "running");

@@ -60,13 +60,7 @@ std::vector<uint8_t> good_stream(uint8_t fill = 0x5A, bool flush = false)
     }
     ram_put_flag(w, RAM_SAVE_FLAG_EOS);
     savevm_put_footer(w, 1);
-    savevm_put_command(w, MIG_CMD_SWITCHOVER_START);
-    savevm_put_section_continue(w, QEMU_VM_SECTION_END, 1);
-    ram_put_flag(w, RAM_SAVE_FLAG_EOS);
-    savevm_put_footer(w, 1);
-    savevm_put_timer(w, 0);
-    savevm_put_globalstate(w, 3, "running");
-    savevm_put_eof_and_vmdesc(w);
+    put_stream_end(w);
     return out;
 }
 
