@@ -1,3 +1,4 @@
+// The destination's loop-side state machine: migrate-incoming, cancel, the end, query-migrate.
 #include "daemon/dest/incoming.h"
 
 #include <sys/socket.h>
@@ -61,27 +62,35 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     params_ = params;
     main_.reset();
     parked_.reset();
-    park_ready_ = park_abort_ = false;
+    {
+        MutexLock lk(park_mu_);
+        park_ready_ = park_abort_ = blocks_handed_ = false;
+    }
     park_descs_.clear();
     received_.clear();
     {
-        std::lock_guard<std::mutex> lk(recover_mu_);
-        recover_fd_ = -1;
+        MutexLock lk(recover_mu_);
+        recovered_.reset();
+        recover_new_ = false;
         recover_abort_ = false;
     }
     end_preempt(); // a previous migration's, if any
     {
-        std::lock_guard<std::mutex> lk(preempt_mu_);
+        MutexLock lk(preempt_mu_);
         preempt_ended_ = false;
         preempt_draining_ = false;
         pause_requested_ = false;
     }
     // A mapped-ram file has no channels to accept: its readers are threads.
     bool sockets = addr.transport == MigrationAddress::Transport::Socket;
-    multifd_.assign(params.multifd && sockets ? params.channels : 0, std::nullopt);
+    multifd_.clear();
+    multifd_.resize(params.multifd && sockets ? params.channels : 0);
     file_in_ = MappedRamFileIn{};
     error_desc_.clear();
-    thread_error_.reset();
+    {
+        MutexLock lk(err_mu_);
+        thread_error_.reset();
+    }
     loading_done_ = false;
     rp_open_ = false;
     rp_writes_.reset();
@@ -95,23 +104,21 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     child_.reset();
     if (addr.transport != MigrationAddress::Transport::Socket) {
         // The stream is one file or pipe: the main channel at once.
-        auto fd = one_channel_open(loop_, addr, false, params.tls.enabled(), fd_source_,
-                                   &child_);
-        QMIGD_TRY(fd);
+        auto opened = one_channel_open(loop_, addr, false, params.tls.enabled(), fd_source_,
+                                       &child_);
+        QMIGD_TRY(opened);
+        UniqueFd fd(*opened);
         if (params.mapped_ram) {
-            if (Status st = open_mapped_ram(addr, *fd); !st) {
-                ::close(*fd);
-                return st;
-            }
+            QMIGD_TRY(open_mapped_ram(addr, fd.get()));
         }
         set_status(MigrationStatus::Setup);
         if (params_.tls.enabled()) {
             // fd: (a socket libvirt connected and handed over) or exec:
             // with TLS: the handshake first, as for a listener's connection.
-            handshake_on_thread(*fd, {});
+            handshake_on_thread(std::move(fd), {});
             return {};
         }
-        main_ = Channel{*fd, {}, nullptr};
+        main_ = Accepted{std::make_unique<Channel>(std::move(fd)), {}};
         maybe_start();
         return {};
     }
@@ -125,41 +132,6 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
         spdlog::info("incoming migration: resolving {} to listen on", addr.socket.host);
     } else {
         listening({});
-    }
-    return {};
-}
-
-// The listener is up, or its name did not resolve or bind (`failed`,
-// with QEMU's text as error-desc, as a migrate-incoming error would say).
-void IncomingMigration::listening(const Status &st)
-{
-    if (!st) {
-        fail_setup(st.error());
-        return;
-    }
-    spdlog::info("incoming migration: listening on {} ({})", listener_->address().uri(),
-                 params_.multifd ? fmt::format("multifd, {} channels, compression {}",
-                                               params_.channels,
-                                               multifd_method(params_.compression).name)
-                                 : std::string("main channel only, no multifd"));
-}
-
-// The file's size bounds every offset its headers name; direct-io reads
-// pages through O_DIRECT descriptors of their own (QEMU opens its multifd
-// channels that way), the stream through the buffered one.
-Status IncomingMigration::open_mapped_ram(const MigrationAddress &addr, int fd)
-{
-    struct stat st;
-    if (fstat(fd, &st) < 0) {
-        return Error(fmt::format("Could not stat '{}': {}", addr.filename, std::strerror(errno)));
-    }
-    file_in_.fd = fd;
-    file_in_.file_size = uint64_t(st.st_size);
-    file_in_.threads = params_.multifd ? std::max(params_.channels, 1u) : 1;
-    if (params_.direct_io) {
-        auto fds = file_channels_open(addr, false, file_in_.threads, true);
-        QMIGD_TRY(fds);
-        file_in_.direct_fds = *fds;
     }
     return {};
 }
@@ -185,37 +157,6 @@ void IncomingMigration::fail_setup(const Error &err)
     error_desc_ = err.message();
     cleanup_channels();
     set_status(MigrationStatus::Failed);
-}
-
-void IncomingMigration::cleanup_channels()
-{
-    end_preempt();
-    stop_multifd_watch();
-    if (listener_) {
-        listener_->close();
-        listener_.reset();
-    }
-    generation_++;
-    if (handshakes_) {
-        handshakes_->close_all(); // their results still come: tls_ready() closes them
-    }
-    // An exec: command gets EOF or EPIPE from the close below and ends;
-    // it is reaped on the loop whenever it does.
-    child_.reset();
-    if (main_ && main_->fd >= 0) {
-        ::close(main_->fd);
-    }
-    main_.reset();
-    for (int fd : file_in_.direct_fds) {
-        ::close(fd);
-    }
-    file_in_ = MappedRamFileIn{};
-    for (auto &ch : multifd_) {
-        if (ch && ch->fd >= 0) {
-            ::close(ch->fd);
-        }
-        ch.reset();
-    }
 }
 
 void IncomingMigration::maybe_start()
@@ -246,9 +187,9 @@ void IncomingMigration::maybe_start()
         }
     }
     sync_ = channels ? std::make_unique<MultifdRecvSync>(multifd_.size()) : nullptr;
-    set_link_timeout(main_->fd, params_.link_timeout_ms);
+    set_link_timeout(main_->ch->fd(), params_.link_timeout_ms);
     for (const auto &ch : multifd_) {
-        set_link_timeout(ch->fd, params_.link_timeout_ms);
+        set_link_timeout(ch->ch->fd(), params_.link_timeout_ms);
     }
     set_status(MigrationStatus::Active);
     if (multifd_.empty()) {
@@ -261,56 +202,6 @@ void IncomingMigration::maybe_start()
         set_thread_name("mig/dst/main");
         load_thread_main();
     });
-}
-
-void IncomingMigration::abort_with(const Error &err)
-{
-    {
-        std::lock_guard<std::mutex> lk(park_mu_);
-        park_abort_ = true;
-    }
-    park_cv_.notify_all();
-    {
-        std::lock_guard<std::mutex> lk(recover_mu_);
-        recover_abort_ = true;
-    }
-    recover_cv_.notify_all();
-    {
-        std::lock_guard<std::mutex> lk(err_mu_);
-        if (!thread_error_) {
-            thread_error_ = err;
-        }
-    }
-    if (sync_) {
-        sync_->abort();
-    }
-    // Wake threads blocked in read(); fds stay open until finish(). A
-    // pipe cannot be shut down: its writer, the exec: command, goes. With
-    // a return path the main socket's write side stays open for the SHUT,
-    // unless the load thread is blocked writing it (a source that does not
-    // read): rp_writes_ ends that write and bounds the SHUT's.
-    if (main_) {
-        if (rp_open_) {
-            ::shutdown(main_->fd, SHUT_RD);
-            rp_writes_.abort();
-        } else {
-            shutdown_fd(main_->fd);
-        }
-    }
-    if (child_) {
-        child_->terminate(); // set before the threads started, reset after
-    }
-    {
-        std::lock_guard<std::mutex> lk(preempt_mu_);
-        if (preempt_fd_ >= 0) {
-            shutdown_fd(preempt_fd_);
-        }
-    }
-    for (const auto &ch : multifd_) {
-        if (ch) {
-            shutdown_fd(ch->fd);
-        }
-    }
 }
 
 void IncomingMigration::finish(std::optional<Error> err, std::string runstate)

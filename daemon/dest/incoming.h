@@ -6,13 +6,15 @@
 //  - load thread: reads the main channel (qemu_loadvm_state); it is the
 //    coordinator that joins the receive threads and reports the end.
 //  - one receive thread per multifd channel.
+//  - with postcopy-preempt, the preempt thread (postcopy.cpp).
+//  - TLS handshake threads (TlsHandshakes), which read params_ only.
+// Any thread may call abort_with().
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -20,12 +22,15 @@
 #include <nlohmann/json.hpp>
 #include <uv.h>
 
+#include "daemon/channel.h"
 #include "daemon/loop_dispatcher.h"
 #include "daemon/migration_status.h"
+#include "daemon/dest/incoming_params.h"
 #include "daemon/dest/mapped_ram_load.h"
 #include "daemon/dest/multifd_recv.h"
 #include "daemon/park/parked_vm.h"
 #include "daemon/ram_blocks.h"
+#include "daemon/thread_safety.h"
 #include "daemon/dest/return_path.h"
 #include "daemon/socket_io.h"
 #include "daemon/io/command_channel.h"
@@ -39,39 +44,7 @@
 
 namespace qmigd {
 
-struct IncomingParams {
-    bool multifd = false;
-    unsigned channels = 0;
-    Uuid uuid{};
-    std::string machine_type = "none";
-    unsigned link_timeout_ms = 30000; // dead-link detection, 0 = never
-    // mapped-ram (file: only): pages read from their places in the file,
-    // by `channels` threads with multifd; O_DIRECT with direct_io.
-    bool mapped_ram = false;
-    bool direct_io = false;
-    // multifd-compression: the method every multifd packet with pages must
-    // carry (not used by mapped-ram, whose pages are raw in the file).
-    MultiFDCompression compression = MultiFDCompression::None;
-    // tls-creds (server endpoint) and tls-authz: every channel (a
-    // listener's, fd:'s, exec:'s; file: is refused) is a TLS server,
-    // classified by its first decrypted bytes.
-    TlsParams tls;
-    // Non-empty: park the VM in this directory (daemon/park/parked_vm.h):
-    // its RAM blocks are created as the stream announces them.
-    std::string park_dir;
-    // postcopy-ram: the source may switch to postcopy; the device state
-    // then comes in a package before the rest of RAM (protocol/loadvm.h).
-    bool postcopy_ram = false;
-    // postcopy-preempt: the first connection after the main channel is the
-    // preempt channel, where a source sends the pages asked for.
-    bool postcopy_preempt = false;
-    // x-ignore-shared: the source's blocks are ours, mapped from the same
-    // files: checked by address, and no page need come.
-    bool ignore_shared = false;
-    // switchover-ack: acknowledged as the return path opens (no device of
-    // qmigd's holds the switchover).
-    bool switchover_ack = false;
-};
+class ImageLoadHandler;
 
 class IncomingMigration {
 public:
@@ -108,32 +81,34 @@ private:
         return status_ == MigrationStatus::Active || migration_in_postcopy(status_);
     }
 
-    struct Channel {
-        int fd = -1;
+    // A classified channel: the bytes read to tell what it is (the main
+    // channel's stream starts with them) and the channel itself.
+    struct Accepted {
+        std::unique_ptr<Channel> ch;
         std::vector<uint8_t> prefix;
-        std::shared_ptr<TlsSession> tls; // with tls-creds
     };
 
     void on_prefix(PendingConnection *c, const Error *err);
     // Takes a classified connection: the main channel or a multifd one
-    // (its init message in `prefix`). Closes fd on failure.
-    void adopt(std::vector<uint8_t> prefix, int fd, std::shared_ptr<TlsSession> tls);
-    Status accept_multifd(const std::vector<uint8_t> &prefix, int fd,
-                          std::shared_ptr<TlsSession> tls);
+    // (its init message in `prefix`). Drops (closes) it on failure.
+    void adopt(std::vector<uint8_t> prefix, std::unique_ptr<Channel> ch);
+    Status accept_multifd(const std::vector<uint8_t> &prefix, std::unique_ptr<Channel> &ch);
     // TLS: the handshake and the first decrypted bytes, on a thread of
     // handshakes_; the result comes back to the loop (tls_ready).
     void start_tls(PendingConnection *c);
     static size_t tls_record_wanted(const std::vector<uint8_t> &prefix);
-    void handshake_on_thread(int fd, std::vector<uint8_t> raw);
+    void handshake_on_thread(UniqueFd fd, std::vector<uint8_t> raw);
     Result<std::vector<uint8_t>> tls_identify(int fd, std::vector<uint8_t> raw,
                                               TlsHandshakes::Progress &progress,
-                                              std::shared_ptr<TlsSession> *tls);
-    // `ended`: handshakes_ ended it (a stranger past its deadline).
-    void tls_ready(uint64_t generation, int fd, Result<std::vector<uint8_t>> prefix,
-                   std::shared_ptr<TlsSession> tls, bool ended);
+                                              std::unique_ptr<TlsSession> *tls);
+    // `ended`: handshakes_ ended it (a stranger past its deadline). `ch`
+    // carries its TLS session when the handshake went through.
+    void tls_ready(uint64_t generation, std::unique_ptr<Channel> ch,
+                   Result<std::vector<uint8_t>> prefix, bool ended);
     // Active: a connection that identified itself as one more migration
-    // channel ends the migration; anything else is a stranger's, closed.
-    void extra_connection(const std::vector<uint8_t> &prefix, int fd);
+    // channel ends the migration; anything else is a stranger's. The
+    // caller drops (closes) the connection.
+    void extra_connection(const std::vector<uint8_t> &prefix);
     Status open_mapped_ram(const MigrationAddress &addr, int fd);
     // The listener's end of setting up (SocketListener::OnListening).
     void listening(const Status &st);
@@ -143,7 +118,14 @@ private:
     void cleanup_channels();
     void finish(std::optional<Error> err, std::string runstate);
 
+    // Load thread: load_thread_main() and its steps.
     void load_thread_main();
+    Status open_return_path();
+    void watch_postcopy(ImageLoadHandler &handler);
+    Result<LoadvmResult> load_postcopy(LoadvmSession &session, ImageLoadHandler &handler,
+                                       Result<LoadvmResult> result);
+    std::optional<ParkedVm> end_stream(Result<LoadvmResult> &result, ImageLoadHandler &handler);
+    void end_channels(const Result<LoadvmResult> &result, ImageLoadHandler &handler);
     void recv_thread_main(size_t id);
     // Postcopy preempt (QEMU's postcopy_preempt_new_channel()): with
     // postcopy-preempt, the first connection after the main channel is
@@ -151,8 +133,8 @@ private:
     // page goes on it), and read by a thread of its own.
     bool take_preempt(PendingConnection *c);
     // `generation`: the migration's when the channel was taken.
-    void preempt_thread_main(int fd, uint64_t generation);
-    Status preempt_load(int fd);
+    void preempt_thread_main(Channel *ch, uint64_t generation);
+    Status preempt_load(Channel *ch);
     void preempt_failed(const Error &err, uint64_t generation);
     // After the main stream (load thread, `drain`: the reader reads to the
     // source's end marker first) or at cleanup (loop): wakes and joins the
@@ -162,10 +144,16 @@ private:
     // Postcopy recovery (QEMU's postcopy_pause_incoming()): the load thread
     // waits for the new main channel (migrate-recover's first connection,
     // taken by take_recovered() on the loop), or for the migration's end.
-    Result<int> postcopy_pause_incoming(const Error &why);
+    Result<Channel *> postcopy_pause_incoming(const Error &why);
     bool take_recovered(PendingConnection *c);
+    // The main channel the load thread reads now (main_'s, or the last
+    // recovery's).
+    Channel *current_main() REQUIRES(recover_mu_);
     // Park mode. Load thread: creates the announced blocks' images.
     Status park_announce(const std::vector<RamBlockDesc> &descs);
+    // Load thread: the blocks park_announce() made go to the daemon's list
+    // on the loop; returns once they are there (or the migration aborted).
+    Status hand_over_blocks(std::vector<RAMBlock> made);
     // Receive threads: the block list to decode packets with (null once
     // the migration is aborted).
     const std::vector<RamBlockDesc> *packet_blocks();
@@ -179,18 +167,17 @@ private:
 
     uv_loop_t *loop_;
     LoopDispatcher &dispatcher_;
+    // The daemon's blocks. The loop writes the list (a park's blocks are
+    // appended by hand_over_blocks()'s post, dropped by park_discard());
+    // the migration threads read it while they run, once it holds the
+    // blocks they use (load_cfg_'s, or park_ready_'s).
     std::vector<RAMBlock> &blocks_;
     OnStatus on_status_;
 
     // Loop thread only.
-    IncomingParams params_;
     MigrationStatus status_ = MigrationStatus::None;
     std::unique_ptr<SocketListener> listener_;
     FdSource fd_source_;
-    std::shared_ptr<CommandChild> child_; // exec: the command
-    std::optional<Channel> main_;
-    MappedRamFileIn file_in_; // mapped-ram: main_'s file, and O_DIRECT fds
-    std::vector<std::optional<Channel>> multifd_;
     // Multifd on here, the main channel in, multifd channels missing: a
     // source with multifd off sends RAM pages on the main channel and
     // never opens one (QEMU 10 waits in `setup` for ever). Polls the main
@@ -206,7 +193,7 @@ private:
     // What strangers on the migration port may hold (connections that have
     // not identified themselves, TLS handshakes): bounded, with a deadline.
     ListenerLimits stranger_limits() const;
-    // TLS handshakes in progress. Loop thread only.
+    // TLS handshakes in progress.
     static constexpr size_t kMaxTlsHandshakes = 32;
     std::unique_ptr<TlsHandshakes> handshakes_;
     uint64_t tls_failed_logged_ms_ = 0; // uv_now() of the last failed-handshake line
@@ -214,58 +201,78 @@ private:
     uint64_t generation_ = 0; // a new migrate-incoming or cleanup: late results are dropped
     std::string runstate_ = "inmigrate";
     std::string error_desc_;
+    bool cancel_requested_ = false;
+    std::thread load_thread_;
+    // The parked VM once complete (query): the load thread hands it over
+    // with finish().
+    std::optional<ParkedVm> parked_;
 
-    // Set before the threads start, read-only while they run.
+    // Written by the loop before the load thread starts (start(), setup's
+    // channels, maybe_start()), read-only while the migration threads run
+    // (abort_with() reads them from any thread), reset by the loop once
+    // they are joined (cleanup_channels()). params_ is also read by the
+    // handshake threads (tls_identify()): it changes only at start().
+    IncomingParams params_;
+    std::shared_ptr<CommandChild> child_; // exec: the command
+    std::optional<Accepted> main_;
+    MappedRamFileIn file_in_; // mapped-ram: main_'s file, and O_DIRECT fds
+    std::vector<std::optional<Accepted>> multifd_;
     LoadvmConfig load_cfg_;
     std::unique_ptr<MultifdRecvSync> sync_;
-    std::thread load_thread_;
-    std::vector<std::thread> recv_threads_;
 
-    // Shared with the migration threads.
-    std::mutex err_mu_;
-    std::optional<Error> thread_error_; // protected by err_mu_
-    std::atomic<bool> loading_done_{false};
+    // Load thread only (started and joined by it).
+    std::vector<std::thread> recv_threads_;
     // The return path, once the stream opened it: the load thread's only
     // (pongs, then the SHUT); rp_open_ tells abort_with() from any thread.
     std::unique_ptr<ReturnPathOut> rp_;
+
+    // Shared with the migration threads.
+    Mutex err_mu_;
+    std::optional<Error> thread_error_ GUARDED_BY(err_mu_);
+    std::atomic<bool> loading_done_{false};
     std::atomic<bool> rp_open_{false};
     // Every write rp_ makes; abort_with() ends one a source never reads.
     PeerWriteGuard rp_writes_;
     // The package's LISTEN came: from now on a broken channel, the preempt
     // channel's included, pauses instead of failing.
     std::atomic<bool> postcopy_listening_{false};
-    bool cancel_requested_ = false; // loop thread only
-    // Park mode: the load thread fills blocks_ and park_descs_ once, then
-    // sets park_ready_; receive threads wait for it before their first
-    // packet (a multifd packet can overtake the ram START section).
-    std::mutex park_mu_;
+    // Park mode: the load thread makes the blocks, hands them to the loop
+    // (blocks_handed_), fills park_descs_ once, then sets park_ready_;
+    // receive threads wait for it before their first packet (a multifd
+    // packet can overtake the ram START section).
+    Mutex park_mu_;
     std::condition_variable park_cv_;
-    bool park_ready_ = false; // protected by park_mu_
-    bool park_abort_ = false; // protected by park_mu_
+    bool park_ready_ GUARDED_BY(park_mu_) = false;
+    bool park_abort_ GUARDED_BY(park_mu_) = false;
+    bool blocks_handed_ GUARDED_BY(park_mu_) = false;
+    // Written under park_mu_ by the load thread before park_ready_, read
+    // without it after (packet_blocks() returns it once park_ready_ is seen).
     std::vector<RamBlockDesc> park_descs_;
-    // The parked VM once complete (query). Loop thread only: the load
-    // thread hands it over with finish().
-    std::optional<ParkedVm> parked_;
 
     // The preempt channel: taken on the loop, read by its thread, ended by
     // the load thread (or cleanup); all three under preempt_mu_.
-    std::mutex preempt_mu_;
+    Mutex preempt_mu_;
     std::condition_variable preempt_cv_; // preempt_done_ set
-    int preempt_fd_ = -1;            // protected by preempt_mu_
-    bool preempt_ended_ = false;     // protected by preempt_mu_: shut down here
-    bool preempt_draining_ = false;  // protected by preempt_mu_: the main stream ended
-    bool preempt_done_ = false;      // protected by preempt_mu_: the reader returned
-    bool preempt_used_ = false;      // protected by preempt_mu_: a byte came on it
-    bool pause_requested_ = false;   // protected by preempt_mu_: migrate-pause not yet acted on
-    std::thread preempt_thread_;     // protected by preempt_mu_
+    std::unique_ptr<Channel> preempt_ GUARDED_BY(preempt_mu_);
+    bool preempt_ended_ GUARDED_BY(preempt_mu_) = false;    // shut down here
+    bool preempt_draining_ GUARDED_BY(preempt_mu_) = false; // the main stream ended
+    bool preempt_done_ GUARDED_BY(preempt_mu_) = false;     // the reader returned
+    bool preempt_used_ GUARDED_BY(preempt_mu_) = false;     // a byte came on it
+    bool pause_requested_ GUARDED_BY(preempt_mu_) = false;  // migrate-pause not yet acted on
+    std::thread preempt_thread_ GUARDED_BY(preempt_mu_);
 
     // Postcopy recovery's hand-over, loop thread to load thread.
-    std::mutex recover_mu_;
+    Mutex recover_mu_;
     std::condition_variable recover_cv_;
-    int recover_fd_ = -1;        // protected by recover_mu_
-    bool recover_abort_ = false; // protected by recover_mu_
-    // With postcopy-ram, one per block (made once the blocks are known,
-    // before pages come): what a recovery tells the source we have.
+    // The main channel since the last recovery (main_'s, shut down, stays
+    // open until cleanup); `recover_new_`: the load thread has not taken it.
+    std::unique_ptr<Channel> recovered_ GUARDED_BY(recover_mu_);
+    bool recover_new_ GUARDED_BY(recover_mu_) = false;
+    bool recover_abort_ GUARDED_BY(recover_mu_) = false;
+    // With postcopy-ram, one per block, made once the blocks are known and
+    // before pages come (maybe_start() on the loop, or park_announce() on
+    // the load thread before park_ready_), then read by the load and
+    // preempt threads: what a recovery tells the source we have.
     std::vector<std::unique_ptr<ReceivedBitmap>> received_;
 
     std::atomic<uint64_t> normal_pages_{0};

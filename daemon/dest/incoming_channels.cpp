@@ -5,11 +5,13 @@
 #include "daemon/dest/incoming.h"
 
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "daemon/io/file_channel.h"
 #include "daemon/socket_io.h"
 #include "protocol/multifd_packet.h"
 #include "protocol/wire.h"
@@ -83,7 +85,8 @@ void IncomingMigration::on_prefix(PendingConnection *c, const Error *err)
         }
         auto fd = c->take();
         if (fd) {
-            extra_connection(prefix, *fd);
+            UniqueFd dropped(*fd);
+            extra_connection(prefix);
         }
         return;
     }
@@ -97,12 +100,11 @@ void IncomingMigration::on_prefix(PendingConnection *c, const Error *err)
         fail_setup(fd.error());
         return;
     }
-    adopt(std::move(prefix), *fd, nullptr);
+    adopt(std::move(prefix), std::make_unique<Channel>(UniqueFd(*fd)));
 }
 
-void IncomingMigration::extra_connection(const std::vector<uint8_t> &prefix, int fd)
+void IncomingMigration::extra_connection(const std::vector<uint8_t> &prefix)
 {
-    ::close(fd);
     if (!params_.multifd && is_multifd_init(prefix)) {
         spdlog::error("incoming migration: {}", multifd_off_here().message());
         abort_with(multifd_off_here());
@@ -124,20 +126,21 @@ void IncomingMigration::extra_connection(const std::vector<uint8_t> &prefix, int
                                  params_.multifd ? "on" : "off", params_.channels)));
 }
 
-void IncomingMigration::adopt(std::vector<uint8_t> prefix, int fd, std::shared_ptr<TlsSession> tls)
+void IncomingMigration::adopt(std::vector<uint8_t> prefix, std::unique_ptr<Channel> ch)
 {
     if (loading()) {
-        extra_connection(prefix, fd);
+        ch.reset();
+        extra_connection(prefix);
         return;
     }
     if (!params_.multifd && is_multifd_init(prefix)) {
-        ::close(fd);
+        ch.reset();
         fail_setup(multifd_off_here());
         return;
     }
     if (!params_.multifd || is_main_channel(prefix)) {
         if (main_) {
-            ::close(fd);
+            ch.reset();
             fail_setup(Error(params_.multifd ? "Extra incoming migration connection: a second "
                                                "main channel"
                                              : "Extra incoming migration connection: multifd is "
@@ -145,21 +148,21 @@ void IncomingMigration::adopt(std::vector<uint8_t> prefix, int fd, std::shared_p
                                                "channel"));
             return;
         }
-        main_ = Channel{fd, std::move(prefix), std::move(tls)};
+        main_ = Accepted{std::move(ch), std::move(prefix)};
         maybe_start();
         watch_multifd();
         return;
     }
-    if (auto st = accept_multifd(prefix, fd, std::move(tls)); !st) {
-        ::close(fd);
+    if (auto st = accept_multifd(prefix, ch); !st) {
+        ch.reset();
         fail_setup(st.error());
         return;
     }
     maybe_start();
 }
 
-Status IncomingMigration::accept_multifd(const std::vector<uint8_t> &prefix, int fd,
-                                         std::shared_ptr<TlsSession> tls)
+Status IncomingMigration::accept_multifd(const std::vector<uint8_t> &prefix,
+                                         std::unique_ptr<Channel> &ch)
 {
     if (prefix.size() < MULTIFD_INIT_SIZE) {
         return Error("multifd: the channel closed before its init message");
@@ -169,7 +172,7 @@ Status IncomingMigration::accept_multifd(const std::vector<uint8_t> &prefix, int
     if (multifd_[*id]) {
         return Error(fmt::format("multifd: received id '{}' already setup'", *id));
     }
-    multifd_[*id] = Channel{fd, {}, std::move(tls)};
+    multifd_[*id] = Accepted{std::move(ch), {}};
     return {};
 }
 
@@ -208,7 +211,7 @@ void IncomingMigration::check_multifd_missing()
         have += ch ? 1 : 0;
     }
     int queued = 0;
-    if (have == 0 && ::ioctl(main_->fd, FIONREAD, &queued) == 0 && queued > kMainPagesQueued) {
+    if (have == 0 && ::ioctl(main_->ch->fd(), FIONREAD, &queued) == 0 && queued > kMainPagesQueued) {
         fail_setup(Error(fmt::format(
             "the main channel carries RAM pages ({} bytes queued) and no multifd channel came: "
             "the source has the multifd capability off, this destination has it on: turn it "
@@ -261,11 +264,11 @@ void IncomingMigration::start_tls(PendingConnection *c)
         }
         return;
     }
-    handshake_on_thread(*fd, std::move(raw));
+    handshake_on_thread(UniqueFd(*fd), std::move(raw));
 }
 
 // `raw`: the bytes a listener read already (the ClientHello's first ones).
-void IncomingMigration::handshake_on_thread(int fd, std::vector<uint8_t> raw)
+void IncomingMigration::handshake_on_thread(UniqueFd fd, std::vector<uint8_t> raw)
 {
     if (!handshakes_) {
         // Each holds a thread: far fewer than plain connections. A source
@@ -275,12 +278,18 @@ void IncomingMigration::handshake_on_thread(int fd, std::vector<uint8_t> raw)
         handshakes_ = std::make_unique<TlsHandshakes>(loop_, dispatcher_, l);
     }
     uint64_t gen = generation_;
-    handshakes_->start(fd, [this, gen, fd, raw = std::move(raw)](
-                               TlsHandshakes::Progress &progress) {
-        std::shared_ptr<TlsSession> tls;
-        auto prefix = tls_identify(fd, raw, progress, &tls);
-        return TlsHandshakes::Then(
-            [this, gen, fd, prefix, tls](bool ended) { tls_ready(gen, fd, prefix, tls, ended); });
+    int borrowed = fd.get();
+    // Held here until tls_ready() makes it a Channel (or closed with the
+    // work, should its result never come).
+    auto owned = std::make_shared<UniqueFd>(std::move(fd));
+    handshakes_->start(borrowed, [this, gen, owned, raw = std::move(raw)](
+                                     TlsHandshakes::Progress &progress) {
+        auto tls = std::make_shared<std::unique_ptr<TlsSession>>();
+        auto prefix = tls_identify(owned->get(), raw, progress, tls.get());
+        return TlsHandshakes::Then([this, gen, owned, prefix, tls](bool ended) {
+            auto ch = std::make_unique<Channel>(std::move(*owned), std::move(*tls));
+            tls_ready(gen, std::move(ch), prefix, ended);
+        });
     });
 }
 
@@ -289,7 +298,7 @@ void IncomingMigration::handshake_on_thread(int fd, std::vector<uint8_t> raw)
 // message (64 bytes).
 Result<std::vector<uint8_t>> IncomingMigration::tls_identify(int fd, std::vector<uint8_t> raw,
                                                              TlsHandshakes::Progress &progress,
-                                                             std::shared_ptr<TlsSession> *tls)
+                                                             std::unique_ptr<TlsSession> *tls)
 {
     auto t = TlsSession::server(fd, *params_.tls.creds, params_.tls.authz.get(), std::move(raw),
                                 &progress.bytes);
@@ -318,19 +327,19 @@ Result<std::vector<uint8_t>> IncomingMigration::tls_identify(int fd, std::vector
     return p;
 }
 
-void IncomingMigration::tls_ready(uint64_t gen, int fd, Result<std::vector<uint8_t>> prefix,
-                                  std::shared_ptr<TlsSession> tls, bool ended)
+void IncomingMigration::tls_ready(uint64_t gen, std::unique_ptr<Channel> ch,
+                                  Result<std::vector<uint8_t>> prefix, bool ended)
 {
     bool setup = status_ == MigrationStatus::Setup;
     if (gen != generation_ || (!setup && !loading())) {
-        ::close(fd); // cleaned up or cancelled meanwhile
-        return;
+        return; // cleaned up or cancelled meanwhile: ch closes
     }
     if (prefix) {
-        adopt(std::move(*prefix), fd, std::move(tls));
+        adopt(std::move(*prefix), std::move(ch));
         return;
     }
-    ::close(fd);
+    bool handshaken = ch->tls() != nullptr;
+    ch.reset();
     // fd:'s or exec:'s one channel: nothing else will come.
     if (setup && !listener_) {
         fail_setup(prefix.error());
@@ -342,7 +351,7 @@ void IncomingMigration::tls_ready(uint64_t gen, int fd, Result<std::vector<uint8
     // After a whole handshake the peer holds our CA's certificate (or
     // verify-peer is off): a channel that closes before it identifies
     // itself ends the migration, as a plain one does and QEMU's does.
-    if (setup && tls) {
+    if (setup && handshaken) {
         fail_setup(prefix.error());
         return;
     }
@@ -361,6 +370,70 @@ void IncomingMigration::tls_ready(uint64_t gen, int fd, Result<std::vector<uint8
         tls_failed_quiet_ = 0;
     } else {
         tls_failed_quiet_++;
+    }
+}
+
+// The listener is up, or its name did not resolve or bind (`failed`,
+// with QEMU's text as error-desc, as a migrate-incoming error would say).
+void IncomingMigration::listening(const Status &st)
+{
+    if (!st) {
+        fail_setup(st.error());
+        return;
+    }
+    spdlog::info("incoming migration: listening on {} ({})", listener_->address().uri(),
+                 params_.multifd ? fmt::format("multifd, {} channels, compression {}",
+                                               params_.channels,
+                                               multifd_method(params_.compression).name)
+                                 : std::string("main channel only, no multifd"));
+}
+
+// The file's size bounds every offset its headers name; direct-io reads
+// pages through O_DIRECT descriptors of their own (QEMU opens its multifd
+// channels that way), the stream through the buffered one.
+Status IncomingMigration::open_mapped_ram(const MigrationAddress &addr, int fd)
+{
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        return Error(fmt::format("Could not stat '{}': {}", addr.filename, std::strerror(errno)));
+    }
+    file_in_.fd = fd;
+    file_in_.file_size = uint64_t(st.st_size);
+    file_in_.threads = params_.multifd ? std::max(params_.channels, 1u) : 1;
+    if (params_.direct_io) {
+        auto fds = file_channels_open(addr, false, file_in_.threads, true);
+        QMIGD_TRY(fds);
+        for (int d : *fds) {
+            file_in_.direct_fds.emplace_back(d);
+        }
+    }
+    return {};
+}
+
+void IncomingMigration::cleanup_channels()
+{
+    end_preempt();
+    stop_multifd_watch();
+    if (listener_) {
+        listener_->close();
+        listener_.reset();
+    }
+    generation_++;
+    if (handshakes_) {
+        handshakes_->close_all(); // their results still come: tls_ready() closes them
+    }
+    // An exec: command gets EOF or EPIPE from the close below and ends;
+    // it is reaped on the loop whenever it does.
+    child_.reset();
+    main_.reset();
+    {
+        MutexLock lk(recover_mu_);
+        recovered_.reset();
+        recover_new_ = false;
+    }
+    file_in_ = MappedRamFileIn{};
+    for (auto &ch : multifd_) {
+        ch.reset();
     }
 }
 

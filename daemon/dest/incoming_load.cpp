@@ -72,7 +72,7 @@ static Status receive_packet(ChannelReader &in, RamImage &img, const MultiFDPack
 
 void IncomingMigration::recv_thread_main(size_t id)
 {
-    ChannelReader in(multifd_[id]->fd, multifd_[id]->tls.get());
+    ChannelReader in(multifd_[id]->ch->fd(), multifd_[id]->ch->tls());
     uint8_t header[MULTIFD_PACKET_HEADER_SIZE];
     RecvChannelState ch;
     const MultiFDMethod &method = multifd_method(params_.compression);
@@ -120,6 +120,7 @@ void IncomingMigration::recv_thread_main(size_t id)
 
 Status IncomingMigration::park_announce(const std::vector<RamBlockDesc> &descs)
 {
+    std::vector<RAMBlock> made;
     for (size_t i = 0; i < descs.size(); i++) {
         RamBlockSpec spec;
         spec.name = descs[i].idstr;
@@ -135,8 +136,9 @@ Status IncomingMigration::park_announce(const std::vector<RamBlockDesc> &descs)
         auto b = ram_block_open(spec, false);
         QMIGD_TRY(b);
         b->image->scan_holes();
-        blocks_.push_back(std::move(*b));
+        made.push_back(std::move(*b));
     }
+    QMIGD_TRY(hand_over_blocks(std::move(made)));
     spdlog::info("incoming migration: parking {} RAM blocks in {}", descs.size(),
                  params_.park_dir);
     if (params_.postcopy_ram) {
@@ -145,11 +147,37 @@ Status IncomingMigration::park_announce(const std::vector<RamBlockDesc> &descs)
         }
     }
     {
-        std::lock_guard<std::mutex> lk(park_mu_);
+        MutexLock lk(park_mu_);
         park_descs_ = descs;
         park_ready_ = true;
     }
     park_cv_.notify_all();
+    return {};
+}
+
+// blocks_ is the daemon's list, which the loop reads (a /metrics scrape
+// lists its blocks): the loop appends the new ones, and the load thread
+// reads the list once it has (blocks_handed_ under park_mu_ orders the two).
+Status IncomingMigration::hand_over_blocks(std::vector<RAMBlock> made)
+{
+    auto holder = std::make_shared<std::vector<RAMBlock>>(std::move(made));
+    dispatcher_.post([this, holder] {
+        for (auto &b : *holder) {
+            blocks_.push_back(std::move(b));
+        }
+        {
+            MutexLock lk(park_mu_);
+            blocks_handed_ = true;
+        }
+        park_cv_.notify_all();
+    });
+    MutexLock lk(park_mu_);
+    while (!blocks_handed_ && !park_abort_) {
+        lk.wait(park_cv_);
+    }
+    if (!blocks_handed_) {
+        return Error("aborted while the parked blocks were handed to the loop");
+    }
     return {};
 }
 
@@ -158,8 +186,10 @@ const std::vector<RamBlockDesc> *IncomingMigration::packet_blocks()
     if (!load_cfg_.park) {
         return &load_cfg_.blocks;
     }
-    std::unique_lock<std::mutex> lk(park_mu_);
-    park_cv_.wait(lk, [this] { return park_ready_ || park_abort_; });
+    MutexLock lk(park_mu_);
+    while (!park_ready_ && !park_abort_) {
+        lk.wait(park_cv_);
+    }
     return park_abort_ ? nullptr : &park_descs_;
 }
 
@@ -205,27 +235,58 @@ void IncomingMigration::load_thread_main()
             recv_thread_main(i);
         });
     }
-    FdInputStream in(main_->fd, main_->prefix, main_->tls.get());
+    FdInputStream in(main_->ch->fd(), main_->prefix, main_->ch->tls());
     QEMUFileReader f(in, 256 * 1024);
     ImageLoadHandler::Announce announce;
     if (load_cfg_.park) {
         announce = [this](const std::vector<RamBlockDesc> &d) { return park_announce(d); };
     }
-    auto open_rp = [this]() -> Status {
-        auto rp = ReturnPathOut::open(main_->fd, main_->tls.get(), rp_writes_);
-        QMIGD_TRY(rp);
-        rp_ = std::move(*rp);
-        rp_open_ = true; // abort_with() leaves its write side open from now on
-        if (params_.switchover_ack) {
-            // loadvm_process_command(): no device needs to hold the
-            // switchover, so the ack goes as soon as the return path opens.
-            spdlog::info("incoming migration: switchover acknowledged");
-            return rp_->switchover_ack();
-        }
-        return {};
-    };
     ImageLoadHandler handler(blocks_, sync_.get(), params_.mapped_ram ? &file_in_ : nullptr,
-                             std::move(announce), open_rp, rp_);
+                             std::move(announce), [this] { return open_return_path(); }, rp_);
+    watch_postcopy(handler);
+    LoadvmSession session(load_cfg_, handler);
+    auto result = load_postcopy(session, handler, session.load(f));
+    std::optional<ParkedVm> parked = end_stream(result, handler);
+    bytes_.fetch_add(f.pos(), std::memory_order_relaxed);
+    end_channels(result, handler);
+    std::optional<Error> err;
+    {
+        MutexLock lk(err_mu_);
+        err = thread_error_;
+    }
+    if (rp_) {
+        // The verdict, once everything is loaded (and a parked VM durable):
+        // QEMU's migration_incoming_state_destroy().
+        rp_->shut(!result || err);
+        rp_.reset();
+    }
+    std::string runstate = result ? result->runstate : "inmigrate";
+    dispatcher_.post([this, err, runstate, parked = std::move(parked)]() mutable {
+        parked_ = std::move(parked);
+        finish(err, runstate);
+    });
+}
+
+// The stream's OPEN_RETURN_PATH.
+Status IncomingMigration::open_return_path()
+{
+    auto rp = ReturnPathOut::open(main_->ch->fd(), main_->ch->tls(), rp_writes_);
+    QMIGD_TRY(rp);
+    rp_ = std::move(*rp);
+    rp_open_ = true; // abort_with() leaves its write side open from now on
+    if (params_.switchover_ack) {
+        // loadvm_process_command(): no device needs to hold the
+        // switchover, so the ack goes as soon as the return path opens.
+        spdlog::info("incoming migration: switchover acknowledged");
+        return rp_->switchover_ack();
+    }
+    return {};
+}
+
+// The status follows the postcopy: active at the package's LISTEN, and
+// again once a recovery's first page came.
+void IncomingMigration::watch_postcopy(ImageLoadHandler &handler)
+{
     if (params_.postcopy_ram) {
         handler.set_postcopy(&received_, [this] {
             dispatcher_.post([this] {
@@ -245,24 +306,28 @@ void IncomingMigration::load_thread_main()
             }
         });
     });
-    LoadvmSession session(load_cfg_, handler);
-    auto result = session.load(f);
-    // In postcopy a failure pauses: the guest may run at the source's
-    // destination... and here the stream goes on over a new channel.
+}
+
+// In postcopy a failure pauses: the guest may run at the source's
+// destination... and here the stream goes on over a new channel.
+Result<LoadvmResult> IncomingMigration::load_postcopy(LoadvmSession &session,
+                                                      ImageLoadHandler &handler,
+                                                      Result<LoadvmResult> result)
+{
     std::unique_ptr<FdInputStream> rin;
     std::unique_ptr<QEMUFileReader> rf;
     for (;;) {
         while (!result && session.in_postcopy()) {
             bytes_.fetch_add(rf ? rf->pos() : 0, std::memory_order_relaxed);
             (void)handler.flush(); // whole pages read so far count as received
-            auto fd = postcopy_pause_incoming(result.error());
-            if (!fd) {
-                result = fd.error();
+            auto ch = postcopy_pause_incoming(result.error());
+            if (!ch) {
+                result = ch.error();
                 break;
             }
-            rin = std::make_unique<FdInputStream>(*fd, std::vector<uint8_t>{}, nullptr);
+            rin = std::make_unique<FdInputStream>((*ch)->fd(), std::vector<uint8_t>{}, nullptr);
             rf = std::make_unique<QEMUFileReader>(*rin, 256 * 1024);
-            auto rp = ReturnPathOut::open(*fd, nullptr, rp_writes_);
+            auto rp = ReturnPathOut::open((*ch)->fd(), nullptr, rp_writes_);
             if (!rp) {
                 result = rp.error();
                 break;
@@ -282,6 +347,14 @@ void IncomingMigration::load_thread_main()
     if (rf) {
         bytes_.fetch_add(rf->pos(), std::memory_order_relaxed);
     }
+    return result;
+}
+
+// After the stream: the last pages flushed and, parking, the VM made
+// durable (returned for the loop's query); a failure goes into `result`.
+std::optional<ParkedVm> IncomingMigration::end_stream(Result<LoadvmResult> &result,
+                                                      ImageLoadHandler &handler)
+{
     if (result) {
         if (Status st = handler.flush(); !st) {
             result = st.error();
@@ -296,7 +369,14 @@ void IncomingMigration::load_thread_main()
             result = vm.error();
         }
     }
-    bytes_.fetch_add(f.pos(), std::memory_order_relaxed);
+    return parked;
+}
+
+// The receive threads end (their channels shut down) and are joined;
+// the counts of a load that went well are added.
+void IncomingMigration::end_channels(const Result<LoadvmResult> &result,
+                                     ImageLoadHandler &handler)
+{
     if (result && result->uuid && params_.uuid == Uuid{}) {
         // vmstate_uuid_post_load(): only a warning without a UUID of our own.
         spdlog::warn("UUID is received {}, but local uuid isn't set",
@@ -312,7 +392,7 @@ void IncomingMigration::load_thread_main()
             sync_->abort();
         }
         for (const auto &ch : multifd_) {
-            shutdown_fd(ch->fd);
+            ch->ch->shutdown();
         }
     } else {
         abort_with(result.error());
@@ -321,22 +401,58 @@ void IncomingMigration::load_thread_main()
         t.join();
     }
     recv_threads_.clear();
-    std::optional<Error> err;
+}
+
+void IncomingMigration::abort_with(const Error &err)
+{
     {
-        std::lock_guard<std::mutex> lk(err_mu_);
-        err = thread_error_;
+        MutexLock lk(park_mu_);
+        park_abort_ = true;
     }
-    if (rp_) {
-        // The verdict, once everything is loaded (and a parked VM durable):
-        // QEMU's migration_incoming_state_destroy().
-        rp_->shut(!result || err);
-        rp_.reset();
+    park_cv_.notify_all();
+    {
+        MutexLock lk(recover_mu_);
+        recover_abort_ = true;
     }
-    std::string runstate = result ? result->runstate : "inmigrate";
-    dispatcher_.post([this, err, runstate, parked = std::move(parked)]() mutable {
-        parked_ = std::move(parked);
-        finish(err, runstate);
-    });
+    recover_cv_.notify_all();
+    {
+        MutexLock lk(err_mu_);
+        if (!thread_error_) {
+            thread_error_ = err;
+        }
+    }
+    if (sync_) {
+        sync_->abort();
+    }
+    // Wake threads blocked in read(); fds stay open until finish(). A
+    // pipe cannot be shut down: its writer, the exec: command, goes. With
+    // a return path the main socket's write side stays open for the SHUT,
+    // unless the load thread is blocked writing it (a source that does not
+    // read): rp_writes_ ends that write and bounds the SHUT's.
+    if (main_) {
+        MutexLock lk(recover_mu_);
+        Channel *ch = current_main();
+        if (rp_open_) {
+            ::shutdown(ch->fd(), SHUT_RD);
+            rp_writes_.abort();
+        } else {
+            ch->shutdown();
+        }
+    }
+    if (child_) {
+        child_->terminate(); // set before the threads started, reset after
+    }
+    {
+        MutexLock lk(preempt_mu_);
+        if (preempt_) {
+            preempt_->shutdown();
+        }
+    }
+    for (const auto &ch : multifd_) {
+        if (ch) {
+            ch->ch->shutdown();
+        }
+    }
 }
 
 } // namespace qmigd

@@ -1,3 +1,4 @@
+// The destination's mapped-ram reads: pages from their places in the file (mapped_ram_load.h).
 #include "daemon/dest/mapped_ram_load.h"
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 
 #include "daemon/socket_io.h"
 #include "daemon/thread_name.h"
+#include "daemon/thread_safety.h"
 
 namespace qmigd {
 
@@ -160,11 +162,11 @@ Status mapped_ram_load_block(const MappedRamFileIn &in, RAMBlock &block,
     spdlog::debug("mapped-ram load '{}': pages allocated", id);
 
     std::atomic<size_t> next{0};
-    std::mutex err_mu;
+    Mutex err_mu;
     std::optional<Error> err; // first failure, protected by err_mu
     std::atomic<bool> stop{false};
     auto worker = [&](unsigned t) {
-        int fd = in.direct_fds.empty() ? in.fd : in.direct_fds[t % in.direct_fds.size()];
+        int fd = in.direct_fds.empty() ? in.fd : in.direct_fds[t % in.direct_fds.size()].get();
         std::unique_ptr<uint8_t, decltype(&std::free)> scratch(
             static_cast<uint8_t *>(std::aligned_alloc(TARGET_PAGE_SIZE, kGapBytes)), &std::free);
         for (size_t i; !stop && (i = next.fetch_add(1)) < todo.size();) {
@@ -175,7 +177,7 @@ Status mapped_ram_load_block(const MappedRamFileIn &in, RAMBlock &block,
                 st = Error(st.error()).prepend(fmt::format("({}) failed to read page {:x} from "
                                                            "file offset {:x}: ",
                                                            id, at, h.pages_offset + at));
-                std::lock_guard<std::mutex> lk(err_mu);
+                MutexLock lk(err_mu);
                 if (!err) {
                     err = st.error();
                 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "daemon/io/unique_fd.h"
 #include "daemon/ram_blocks.h"
 #include "protocol/mapped_ram.h"
 
@@ -16,8 +17,8 @@ namespace qmigd {
 // The migration file as the loader reads it. Set up by IncomingMigration
 // before the load thread starts; read-only after.
 struct MappedRamFileIn {
-    int fd = -1;                 // the main channel (buffered; pread only here)
-    std::vector<int> direct_fds; // direct-io: one O_DIRECT descriptor per thread
+    int fd = -1; // the main channel's, borrowed (buffered; pread only here)
+    std::vector<UniqueFd> direct_fds; // direct-io: one O_DIRECT descriptor per thread
     uint64_t file_size = 0;
     unsigned threads = 1;
 };

@@ -1,3 +1,4 @@
+// The destination's multifd SYNC barrier (multifd_recv.h).
 #include "daemon/dest/multifd_recv.h"
 
 #include <fmt/format.h>
@@ -6,35 +7,28 @@ namespace qmigd {
 
 bool MultifdRecvSync::channel_sync(size_t ch)
 {
-    std::unique_lock<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     uint64_t epoch = ++synced_[ch];
     cv_.notify_all();
-    cv_.wait(lk, [&] { return aborted_ || released_ >= epoch; });
+    while (!aborted_ && released_ < epoch) {
+        lk.wait(cv_);
+    }
     return !aborted_;
 }
 
 void MultifdRecvSync::channel_closed(size_t ch)
 {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     closed_[ch] = true;
     cv_.notify_all();
 }
 
 Status MultifdRecvSync::main_flush()
 {
-    std::unique_lock<std::mutex> lk(mu_);
-    auto ready = [&](size_t ch) { return synced_[ch] > released_ || closed_[ch]; };
-    cv_.wait(lk, [&] {
-        if (aborted_) {
-            return true;
-        }
-        for (size_t ch = 0; ch < synced_.size(); ch++) {
-            if (!ready(ch)) {
-                return false;
-            }
-        }
-        return true;
-    });
+    MutexLock lk(mu_);
+    while (!aborted_ && !all_synced()) {
+        lk.wait(cv_);
+    }
     if (aborted_) {
         return Error("migration aborted");
     }
@@ -49,9 +43,19 @@ Status MultifdRecvSync::main_flush()
     return {};
 }
 
+bool MultifdRecvSync::all_synced() const
+{
+    for (size_t ch = 0; ch < synced_.size(); ch++) {
+        if (synced_[ch] <= released_ && !closed_[ch]) {
+            return false;
+        }
+    }
+    return true;
+}
+
 void MultifdRecvSync::abort()
 {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     aborted_ = true;
     cv_.notify_all();
 }

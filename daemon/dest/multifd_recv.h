@@ -4,9 +4,9 @@
 
 #include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <vector>
 
+#include "daemon/thread_safety.h"
 #include "protocol/error.h"
 
 namespace qmigd {
@@ -32,13 +32,15 @@ public:
     void abort();
 
 private:
-    std::mutex mu_;
+    // Every channel has read SYNC released_ + 1, or closed.
+    bool all_synced() const REQUIRES(mu_);
+
+    Mutex mu_;
     std::condition_variable cv_;
-    // All protected by mu_.
-    std::vector<uint64_t> synced_; // SYNC packets read, per channel
-    std::vector<bool> closed_;
-    uint64_t released_ = 0;        // MULTIFD_FLUSH records passed by main
-    bool aborted_ = false;
+    std::vector<uint64_t> synced_ GUARDED_BY(mu_); // SYNC packets read, per channel
+    std::vector<bool> closed_ GUARDED_BY(mu_);
+    uint64_t released_ GUARDED_BY(mu_) = 0; // MULTIFD_FLUSH records passed by main
+    bool aborted_ GUARDED_BY(mu_) = false;
 };
 
 } // namespace qmigd

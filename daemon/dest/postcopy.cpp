@@ -19,8 +19,8 @@ bool IncomingMigration::take_preempt(PendingConnection *c)
     if (!params_.postcopy_preempt || !main_ || !loading()) {
         return false;
     }
-    std::lock_guard<std::mutex> lk(preempt_mu_);
-    if (preempt_ended_ || preempt_fd_ >= 0) {
+    MutexLock lk(preempt_mu_);
+    if (preempt_ended_ || preempt_) {
         return false; // a stranger, as any other connection
     }
     auto fd = c->take();
@@ -28,11 +28,11 @@ bool IncomingMigration::take_preempt(PendingConnection *c)
         return true;
     }
     set_link_timeout(*fd, params_.link_timeout_ms);
-    preempt_fd_ = *fd;
+    preempt_ = std::make_unique<Channel>(UniqueFd(*fd));
     preempt_done_ = preempt_used_ = false;
-    preempt_thread_ = std::thread([this, fd = *fd, generation = generation_] {
+    preempt_thread_ = std::thread([this, ch = preempt_.get(), generation = generation_] {
         set_thread_name("mig/dst/preempt");
-        preempt_thread_main(fd, generation);
+        preempt_thread_main(ch, generation);
     });
     spdlog::info("incoming migration: postcopy preempt channel connected");
     return true;
@@ -43,20 +43,20 @@ bool IncomingMigration::take_preempt(PendingConnection *c)
 // only, so the two never write the same one) and into the received
 // bitmaps (a recovery tells the source about them too), until the source's
 // end marker (QEMU's postcopy_preempt_shutdown_file()).
-void IncomingMigration::preempt_thread_main(int fd, uint64_t generation)
+void IncomingMigration::preempt_thread_main(Channel *ch, uint64_t generation)
 {
-    Status st = preempt_load(fd);
+    Status st = preempt_load(ch);
     if (!st) {
         preempt_failed(st.error(), generation);
     }
     {
-        std::lock_guard<std::mutex> lk(preempt_mu_);
+        MutexLock lk(preempt_mu_);
         preempt_done_ = true;
     }
     preempt_cv_.notify_all(); // Pairs with the wait in end_preempt()
 }
 
-Status IncomingMigration::preempt_load(int fd)
+Status IncomingMigration::preempt_load(Channel *ch)
 {
     const std::vector<RamBlockDesc> *descs = packet_blocks();
     if (!descs) {
@@ -64,10 +64,10 @@ Status IncomingMigration::preempt_load(int fd)
     }
     LoadvmConfig cfg;
     cfg.blocks = *descs;
-    FdInputStream in(fd, {}, nullptr);
+    FdInputStream in(ch->fd(), {}, nullptr);
     QEMUFileReader f(in, 64 * 1024);
     if (f.peek_byte() >= 0) {
-        std::lock_guard<std::mutex> lk(preempt_mu_);
+        MutexLock lk(preempt_mu_);
         preempt_used_ = true; // the source sends on it: end_preempt() drains it
     }
     std::unique_ptr<ReturnPathOut> no_rp;
@@ -101,7 +101,7 @@ void IncomingMigration::preempt_failed(const Error &err, uint64_t generation)
     Error why = Error(err).prepend("postcopy preempt channel: ");
     bool ended, fail;
     {
-        std::lock_guard<std::mutex> lk(preempt_mu_);
+        MutexLock lk(preempt_mu_);
         ended = preempt_ended_;
         fail = !postcopy_listening_ || preempt_draining_;
     }
@@ -137,16 +137,18 @@ bool IncomingMigration::end_preempt(bool drain)
     std::thread t;
     bool paused = false;
     {
-        std::unique_lock<std::mutex> lk(preempt_mu_);
+        MutexLock lk(preempt_mu_);
         if (drain && preempt_thread_.joinable() &&
-            (preempt_used_ || bytes_queued(preempt_fd_) > 0)) {
+            (preempt_used_ || bytes_queued(preempt_->fd()) > 0)) {
             preempt_draining_ = true;
-            auto done = [this] { return preempt_done_ || pause_requested_; };
-            if (params_.link_timeout_ms) {
-                preempt_cv_.wait_for(lk, std::chrono::milliseconds(params_.link_timeout_ms),
-                                     done);
-            } else {
-                preempt_cv_.wait(lk, done);
+            auto until = std::chrono::steady_clock::now() +
+                         std::chrono::milliseconds(params_.link_timeout_ms);
+            while (!preempt_done_ && !pause_requested_) {
+                if (!params_.link_timeout_ms) {
+                    lk.wait(preempt_cv_);
+                } else if (!lk.wait_until(preempt_cv_, until)) {
+                    break;
+                }
             }
             paused = !preempt_done_ && pause_requested_;
             if (paused) {
@@ -159,32 +161,29 @@ bool IncomingMigration::end_preempt(bool drain)
             }
         }
         preempt_ended_ = true;
-        if (preempt_fd_ >= 0) {
-            shutdown_fd(preempt_fd_);
+        if (preempt_) {
+            preempt_->shutdown();
         }
         t = std::move(preempt_thread_);
     }
     if (t.joinable()) {
         t.join();
     }
-    std::lock_guard<std::mutex> lk(preempt_mu_);
-    if (preempt_fd_ >= 0) {
-        ::close(preempt_fd_);
-        preempt_fd_ = -1;
-    }
+    MutexLock lk(preempt_mu_);
+    preempt_.reset(); // its reader is joined
     return paused;
 }
 
 // postcopy_pause_incoming(): the broken channel and its return path go;
 // the pages read so far are in the images and in received_.
-Result<int> IncomingMigration::postcopy_pause_incoming(const Error &why)
+Result<Channel *> IncomingMigration::postcopy_pause_incoming(const Error &why)
 {
     spdlog::error("incoming migration: Detected IO failure for postcopy. Migration paused: {}",
                   why.message());
     rp_.reset();
     end_preempt();
     {
-        std::lock_guard<std::mutex> lk(preempt_mu_);
+        MutexLock lk(preempt_mu_);
         preempt_ended_ = false; // the resumed source connects it again
         preempt_draining_ = false;
         pause_requested_ = false; // this is the pause
@@ -195,14 +194,15 @@ Result<int> IncomingMigration::postcopy_pause_incoming(const Error &why)
             set_status(MigrationStatus::PostcopyPaused);
         }
     });
-    std::unique_lock<std::mutex> lk(recover_mu_);
-    recover_cv_.wait(lk, [this] { return recover_fd_ >= 0 || recover_abort_; });
+    MutexLock lk(recover_mu_);
+    while (!recover_new_ && !recover_abort_) {
+        lk.wait(recover_cv_);
+    }
     if (recover_abort_) {
         return Error(why).prepend("postcopy given up while paused: ");
     }
-    int fd = recover_fd_;
-    recover_fd_ = -1;
-    return fd;
+    recover_new_ = false;
+    return recovered_.get();
 }
 
 bool IncomingMigration::take_recovered(PendingConnection *c)
@@ -215,15 +215,15 @@ bool IncomingMigration::take_recovered(PendingConnection *c)
         return true;
     }
     set_link_timeout(*fd, params_.link_timeout_ms);
-    ::close(main_->fd); // the load thread dropped it when it paused
-    main_->fd = *fd;
-    main_->prefix.clear();
-    main_->tls.reset();
     set_status(MigrationStatus::PostcopyRecover);
     spdlog::info("incoming migration: postcopy recovery: new main channel connected");
     {
-        std::lock_guard<std::mutex> lk(recover_mu_);
-        recover_fd_ = *fd;
+        // The previous recovery's channel goes (the load thread dropped
+        // it when it paused); main_'s stays open, shut, until cleanup.
+        MutexLock lk(recover_mu_);
+        current_main()->shutdown();
+        recovered_ = std::make_unique<Channel>(UniqueFd(*fd));
+        recover_new_ = true;
     }
     recover_cv_.notify_all();
     return true;
@@ -267,13 +267,19 @@ void IncomingMigration::pause()
     {
         // The load thread may be past the main stream, waiting for the
         // preempt channel's end marker (end_preempt()): that wait ends too.
-        std::lock_guard<std::mutex> lk(preempt_mu_);
+        MutexLock lk(preempt_mu_);
         pause_requested_ = true;
     }
     preempt_cv_.notify_all();
     if (main_) {
-        shutdown_fd(main_->fd);
+        MutexLock lk(recover_mu_);
+        current_main()->shutdown();
     }
+}
+
+Channel *IncomingMigration::current_main()
+{
+    return recovered_ ? recovered_.get() : main_->ch.get();
 }
 
 } // namespace qmigd

@@ -1,3 +1,4 @@
+// The destination's return path: the messages it sends the source (return_path.h).
 #include "daemon/dest/return_path.h"
 
 #include <spdlog/spdlog.h>

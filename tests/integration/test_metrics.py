@@ -10,13 +10,15 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.parse
 import urllib.request
 
 from itest import test, main, check, skip
 from fixtures import images, MiB
-from runner import Peer, QMIGD, free_port, start_incoming, wait_status, files_equal, end_process
+from runner import (Peer, QMIGD, free_port, start_incoming, wait_status, files_equal, end_process,
+                    migrate, unique_name)
 
 SIZE = 64 * MiB
 
@@ -87,6 +89,45 @@ def test_exposition_passes_promtool():
         finally:
             s.stop()
             d.stop()
+
+
+@test
+def test_scrape_during_a_park():
+    """/metrics scraped without a pause while a destination parks a VM: the
+    load thread makes the parked blocks as the stream announces them, while
+    the loop lists them for each scrape. The parked block is listed after;
+    in the TSan build, d.stop() finds no race between the two in its log."""
+    with images(SIZE, "mixed") as imgs:
+        park_dir = f"/dev/shm/{unique_name('metrics-park')}"
+        os.mkdir(park_dir)
+        dp = free_port()
+        url = f"http://127.0.0.1:{dp}/metrics"
+        s = Peer("qemu", "source", [("mem", imgs[0][1], SIZE)], "mp-src")
+        d = Peer("qmigd", "dest", [], "mp-dst",
+                 ["--ram-dir", park_dir, "--metrics", f"127.0.0.1:{dp}"])
+        done = threading.Event()
+        scrapes = []
+
+        def scrape():
+            while not done.is_set():
+                scrapes.append(get(url)[1])
+
+        t = threading.Thread(target=scrape)
+        t.start()
+        try:
+            si, di, _ = migrate(s, d, False, 1, "legacy", max_bandwidth=32 * MiB)
+            check(si["status"] == "completed" and di["status"] == "completed", (si, di))
+            done.set()
+            t.join()
+            check(len(scrapes) > 3, f"{len(scrapes)} scrapes")
+            _, text = get(url)
+            check('qmigd_page_path_info{block="mem"' in text, text)
+        finally:
+            done.set()
+            t.join()
+            s.stop()
+            d.stop()
+            shutil.rmtree(park_dir, ignore_errors=True)
 
 
 @test

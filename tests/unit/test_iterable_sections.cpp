@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "tests/unit/fake_loader.h"
 #include "protocol/dirty_bitmap_section.h"
 #include "protocol/iterable_state.h"
 #include "protocol/loadvm.h"
@@ -18,30 +19,8 @@ namespace {
 constexpr uint64_t kBlockSize = 8 * TARGET_PAGE_SIZE;
 const RamBlockDesc kMem{"mem", kBlockSize};
 
-struct Ram : LoadvmHandler {
-    std::vector<uint8_t> ram = std::vector<uint8_t>(kBlockSize, 0x11);
-    std::vector<RamBlockDesc> announced;
-    Status put_page(size_t, uint64_t offset, const uint8_t *data) override
-    {
-        std::memcpy(ram.data() + offset, data, TARGET_PAGE_SIZE);
-        return {};
-    }
-    Status read_page(size_t, uint64_t offset, uint8_t *out) override
-    {
-        std::memcpy(out, ram.data() + offset, TARGET_PAGE_SIZE);
-        return {};
-    }
-    Status zero_page(size_t, uint64_t offset) override
-    {
-        std::memset(ram.data() + offset, 0, TARGET_PAGE_SIZE);
-        return {};
-    }
-    Status multifd_flush() override { return {}; }
-    Status announce_blocks(const std::vector<RamBlockDesc> &d) override
-    {
-        announced = d;
-        return {};
-    }
+struct Ram : FakeLoader {
+    Ram() : FakeLoader(kBlockSize, 0x11) {}
 };
 
 std::vector<uint8_t> bytes_of(std::initializer_list<int> v)

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <random>
 
+#include "tests/unit/fake_loader.h"
 #include "protocol/loadvm.h"
 #include "protocol/return_path.h"
 #include "protocol/savevm.h"
@@ -15,27 +16,8 @@ namespace {
 
 constexpr uint64_t kBlockSize = 16 * TARGET_PAGE_SIZE;
 
-struct FakeRam : LoadvmHandler {
-    std::vector<uint8_t> ram = std::vector<uint8_t>(kBlockSize, 0xAA);
-    int flushes = 0;
-    Status put_page(size_t block, uint64_t offset, const uint8_t *data) override
-    {
-        REQUIRE(block == 0);
-        REQUIRE(offset + TARGET_PAGE_SIZE <= ram.size());
-        std::memcpy(ram.data() + offset, data, TARGET_PAGE_SIZE);
-        return {};
-    }
-    Status zero_page(size_t, uint64_t offset) override
-    {
-        REQUIRE(offset + TARGET_PAGE_SIZE <= ram.size());
-        std::memset(ram.data() + offset, 0, TARGET_PAGE_SIZE);
-        return {};
-    }
-    Status multifd_flush() override
-    {
-        flushes++;
-        return {};
-    }
+struct FakeRam : FakeLoader {
+    FakeRam() : FakeLoader(kBlockSize, 0xAA) {}
 };
 
 LoadvmConfig config(bool multifd = false)
@@ -78,13 +60,7 @@ std::vector<uint8_t> good_stream(uint8_t fill = 0x5A, bool flush = false)
     }
     ram_put_flag(w, RAM_SAVE_FLAG_EOS);
     savevm_put_footer(w, 1);
-    savevm_put_command(w, MIG_CMD_SWITCHOVER_START);
-    savevm_put_section_continue(w, QEMU_VM_SECTION_END, 1);
-    ram_put_flag(w, RAM_SAVE_FLAG_EOS);
-    savevm_put_footer(w, 1);
-    savevm_put_timer(w, 0);
-    savevm_put_globalstate(w, 3, "running");
-    savevm_put_eof_and_vmdesc(w);
+    put_stream_end(w);
     return out;
 }
 

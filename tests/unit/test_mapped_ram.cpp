@@ -2,6 +2,7 @@
 // of a mapped-ram stream (capabilities, header, resuming after the pages).
 #include <catch2/catch.hpp>
 
+#include "tests/unit/fake_loader.h"
 #include "protocol/loadvm.h"
 #include "protocol/mapped_ram.h"
 #include "protocol/savevm.h"
@@ -13,7 +14,8 @@ namespace {
 constexpr uint64_t kBlock = 64 * TARGET_PAGE_SIZE;
 
 // Records the headers it is given; stands in for the file reader.
-struct FileRam : LoadvmHandler {
+// Only mapped-ram's headers: a page or a flush on the stream is an error.
+struct FileRam : FakeLoader {
     std::vector<MappedRamHeader> headers;
     std::string refuse; // non-empty: fail with this
     Status put_page(size_t, uint64_t, const uint8_t *) override { return Error("no pages here"); }

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "tests/unit/fake_loader.h"
 #include "daemon/park/parked_vm.h"
 #include "protocol/device_state.h"
 #include "protocol/iterable_state.h"
@@ -23,28 +24,7 @@ std::vector<uint8_t> loadvm_test_good_stream(uint8_t fill);
 
 namespace {
 
-struct ParkRam : LoadvmHandler {
-    std::vector<RamBlockDesc> announced;
-    int announcements = 0;
-    Status put_page(size_t block, uint64_t offset, const uint8_t *) override
-    {
-        REQUIRE(block < announced.size());
-        REQUIRE(offset < announced[block].used_length);
-        return {};
-    }
-    Status zero_page(size_t block, uint64_t) override
-    {
-        REQUIRE(block < announced.size());
-        return {};
-    }
-    Status multifd_flush() override { return {}; }
-    Status announce_blocks(const std::vector<RamBlockDesc> &b) override
-    {
-        announced = b;
-        announcements++;
-        return {};
-    }
-};
+using ParkRam = FakeLoader; // pages checked against the announced blocks
 
 Result<LoadvmResult> park(const std::vector<uint8_t> &bytes, ParkRam &ram)
 {

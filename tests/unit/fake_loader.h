@@ -1,0 +1,112 @@
+// FakeLoader: the unit tests' one fake loader handler (protocol/loadvm.h), RAM in a byte vector.
+#pragma once
+
+#include <cstring>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "protocol/loadvm.h"
+#include "protocol/postcopy.h"
+#include "protocol/savevm.h"
+
+namespace qmigd {
+
+// With `ram_bytes`, pages go into `ram` (bounds checked; block 0 only
+// until blocks are announced, then any announced one); without, only the
+// announced blocks' bounds are checked. It records what the stream asked
+// for; a return path (OPEN_RETURN_PATH, PING) only with `has_return_path`.
+struct FakeLoader : LoadvmHandler {
+    explicit FakeLoader(size_t ram_bytes = 0, uint8_t fill = 0) : ram(ram_bytes, fill) {}
+
+    std::vector<uint8_t> ram;
+    std::vector<RamBlockDesc> announced;
+    int announcements = 0;
+    int flushes = 0;
+    Status flush_result;          // what MULTIFD_FLUSH returns
+    bool has_return_path = false; // else LoadvmHandler's refusals
+    std::vector<uint32_t> pongs;
+    DiscardRanges discards;
+    bool listening = false;
+
+    void check_page(size_t block, uint64_t offset) const
+    {
+        REQUIRE(block < std::max<size_t>(announced.size(), ram.empty() ? 0 : 1));
+        if (ram.empty()) {
+            REQUIRE(offset < announced[block].used_length);
+        } else {
+            REQUIRE(offset + TARGET_PAGE_SIZE <= ram.size());
+        }
+    }
+    Status put_page(size_t block, uint64_t offset, const uint8_t *data) override
+    {
+        check_page(block, offset);
+        if (!ram.empty()) {
+            std::memcpy(ram.data() + offset, data, TARGET_PAGE_SIZE);
+        }
+        return {};
+    }
+    Status read_page(size_t block, uint64_t offset, uint8_t *out) override
+    {
+        if (ram.empty()) {
+            return LoadvmHandler::read_page(block, offset, out);
+        }
+        check_page(block, offset);
+        std::memcpy(out, ram.data() + offset, TARGET_PAGE_SIZE);
+        return {};
+    }
+    Status zero_page(size_t block, uint64_t offset) override
+    {
+        check_page(block, offset);
+        if (!ram.empty()) {
+            std::memset(ram.data() + offset, 0, TARGET_PAGE_SIZE);
+        }
+        return {};
+    }
+    Status multifd_flush() override
+    {
+        flushes++;
+        return flush_result;
+    }
+    Status announce_blocks(const std::vector<RamBlockDesc> &d) override
+    {
+        announced = d;
+        announcements++;
+        return {};
+    }
+    Status open_return_path() override
+    {
+        return has_return_path ? Status() : LoadvmHandler::open_return_path();
+    }
+    Status ping(uint32_t value) override
+    {
+        if (!has_return_path) {
+            return LoadvmHandler::ping(value);
+        }
+        pongs.push_back(value);
+        return {};
+    }
+    void postcopy_listening() override { listening = true; }
+    Status discard_range(size_t block, uint64_t start, uint64_t length) override
+    {
+        (void)block;
+        discards.emplace_back(start, length);
+        return {};
+    }
+};
+
+// What a precopy stream ends with after RAM's last part (RAM is section
+// 1): the switchover, RAM's END section, the timer, a globalstate of
+// `running`, the EOF and its vmdesc.
+inline void put_stream_end(ByteWriter &w)
+{
+    savevm_put_command(w, MIG_CMD_SWITCHOVER_START);
+    savevm_put_section_continue(w, QEMU_VM_SECTION_END, 1);
+    ram_put_flag(w, RAM_SAVE_FLAG_EOS);
+    savevm_put_footer(w, 1);
+    savevm_put_timer(w, 0);
+    savevm_put_globalstate(w, 3, "running");
+    savevm_put_eof_and_vmdesc(w);
+}
+
+} // namespace qmigd
