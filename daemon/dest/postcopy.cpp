@@ -4,7 +4,10 @@
 // broken channel and goes on over the channel migrate-recover accepts.
 #include "daemon/dest/incoming.h"
 
+#include <poll.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <spdlog/spdlog.h>
 
@@ -64,12 +67,20 @@ Status IncomingMigration::preempt_load(Channel *ch)
     }
     LoadvmConfig cfg;
     cfg.blocks = *descs;
-    FdInputStream in(ch->fd(), {}, nullptr);
-    QEMUFileReader f(in, 64 * 1024);
-    if (f.peek_byte() >= 0) {
+    // The first byte is waited for without taking it off the socket:
+    // end_preempt() drains a channel the source sent on, known by
+    // preempt_used_ or by bytes still queued, so the flag is set while the
+    // bytes are still there (a read first left a moment where neither was
+    // true, and the main stream's end then cut a page off).
+    struct pollfd pfd = {ch->fd(), POLLIN, 0};
+    while (poll(&pfd, 1, -1) < 0 && errno == EINTR) {
+    }
+    if (bytes_queued(ch->fd()) > 0) {
         MutexLock lk(preempt_mu_);
         preempt_used_ = true; // the source sends on it: end_preempt() drains it
     }
+    FdInputStream in(ch->fd(), {}, nullptr);
+    QEMUFileReader f(in, 64 * 1024);
     std::unique_ptr<ReturnPathOut> no_rp;
     ImageLoadHandler handler(
         blocks_, nullptr, nullptr, {},
