@@ -1,4 +1,4 @@
-// MigrationThread's precopy iterations: dirty syncs, rate limit, counters, auto-converge, switchover's decision.
+// MigrationThread's precopy iterations: dirty syncs, rate limit, counters, switchover's decision.
 #include <thread>
 
 #include <spdlog/spdlog.h>

@@ -1,4 +1,4 @@
-// MigrationThread: setup, switchover, completion and the run as a whole (iterations: migration_iterate.cpp).
+// MigrationThread: setup, switchover, completion, the run (iterations: migration_iterate.cpp).
 #include "daemon/source/migration_thread.h"
 
 #include <bit>

@@ -1,4 +1,4 @@
-// MultifdSend, the main thread's side: queueing pages, handing jobs to idle senders, sync, shutdown.
+// MultifdSend, the main thread's side: queueing pages, hand-off to idle senders, sync, shutdown.
 #include "daemon/source/multifd_send.h"
 
 #include <cstring>

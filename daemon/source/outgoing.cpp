@@ -1,4 +1,4 @@
-// OutgoingMigration: the source's loop-side state machine (migrate, cancel, pause, resume, query).
+// OutgoingMigration: the source's loop side (migrate, cancel, pause, resume, query-migrate).
 #include "daemon/source/outgoing.h"
 
 #include <unistd.h>

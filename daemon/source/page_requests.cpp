@@ -1,4 +1,4 @@
-// PageRequests: postcopy's page requests, checked by the return path's reader, queued for the migration thread.
+// PageRequests: postcopy's page requests, from the return path's reader to the migration thread.
 #include "daemon/source/page_requests.h"
 
 #include <algorithm>

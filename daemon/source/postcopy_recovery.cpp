@@ -1,4 +1,4 @@
-// PostcopyRecovery: a resume's received bitmaps and RESUME_ACK, from the reader to the migration thread.
+// PostcopyRecovery: a resume's bitmaps and RESUME_ACK, from the reader to the migration thread.
 #include "daemon/source/postcopy_recovery.h"
 
 #include <fmt/format.h>
