@@ -120,8 +120,9 @@ private:
     GuestControl *const guest_; // may be null
     MigrationOwner &owner_;
     // The main channel (its TLS session with tls-creds, after the
-    // handshake); replaced by a postcopy recovery. Declared before out_,
-    // which writes to it.
+    // handshake); replaced by a postcopy recovery. Written by this thread
+    // (out_, declared after it), read by the return path's reader (rp_,
+    // destroyed first), shut down by the owner (MigrationOwner::add_channel).
     std::unique_ptr<Channel> main_;
     std::unique_ptr<PageRequests> requests_; // with postcopy-ram: from rp_ to us
     std::unique_ptr<PostcopyRecovery> recovery_; // with postcopy-ram: from rp_ to us

@@ -88,6 +88,10 @@ private:
     void shutdown_channels() EXCLUDES(channels_mu_);
     void finish(std::optional<Error> err);
 
+    // Set at construction, read-only after. The blocks are the migration
+    // thread's while it runs; the guest is called from both threads (its
+    // record's fields are atomics, ramstate/guest_control.h); the
+    // callbacks run on the loop (posted through the dispatcher).
     uv_loop_t *loop_;
     LoopDispatcher &dispatcher_;
     std::vector<RAMBlock> &blocks_;
@@ -95,9 +99,12 @@ private:
     OnStatus on_status_;
     OnPass on_pass_;
 
+    // Written at start() by the loop, before the migration thread starts,
+    // which copies it as it starts (MigrationThread::p_); read by the loop.
+    OutgoingParams params_;
+
     // Loop thread only.
     MigrationStatus status_ = MigrationStatus::None;
-    OutgoingParams params_;
     std::string error_desc_;
     std::thread thread_;
     uint64_t generation_ = 0; // ignores connects of a cancelled attempt
