@@ -18,7 +18,6 @@
 #include "daemon/socket_io.h"
 #include "daemon/tls/tls_session.h"
 #include "daemon/source/xbzrle_save.h"
-#include "daemon/socket_io.h"
 #include "protocol/iterable_state.h"
 #include "protocol/postcopy.h"
 #include "protocol/return_path.h"
