@@ -127,23 +127,25 @@ private:
     struct Sender {
         unsigned id = 0; // set at construction, read-only after
         // Created by the constructor, destroyed after the thread's join;
-        // its TLS session set by the sender thread before its first write.
+        // its TLS session set by the sender thread before its first write,
+        // ended by main once the sender idles (terminate_tls).
         std::unique_ptr<Channel> ch;
         std::thread thread; // started by start(), joined by the destructor
         std::condition_variable cv; // the sender waits here for work
         // Owned by the sender thread while its state_.pending_job, else by
         // main (the hand-off under mu_ moves it).
         std::unique_ptr<MultifdJob> job = std::make_unique<MultifdJob>();
-        // Channel thread only: the packet's page data on the File path
-        // (page-aligned: O_DIRECT writes it as it is); a whole job's with
-        // mapped-ram, which writes a job at once.
+        // Sender thread only (allocated by the constructor): the packet's
+        // page data on the File path (page-aligned: O_DIRECT writes it as
+        // it is); a whole job's with mapped-ram, which writes a job at once.
         std::unique_ptr<AlignedBuffer> data;
-        // Channel thread only, with compression: the stream and its output.
+        // Sender thread only, with compression: the stream and its output.
         std::unique_ptr<MultiFDCompressor> compressor;
         std::unique_ptr<uint8_t[]> zbuf;
-        // Channel thread only, with zero-copy-send.
+        // With zero-copy-send: made by enable_zero_copy() before start(),
+        // the sender thread's after.
         std::unique_ptr<ZeroCopySender> zero_copy;
-        // Written by the channel thread, read by query.
+        // Written by the sender thread, read by main (bytes(), the counters).
         std::atomic<uint64_t> bytes{0};
         std::atomic<uint64_t> normal{0};
         std::atomic<uint64_t> zero{0};
