@@ -12,7 +12,7 @@
 #include <optional>
 #include <string>
 
-#include "daemon/io/unique_fd.h"
+#include "daemon/channel.h"
 #include "daemon/park/parked_vm.h"
 #include "daemon/thread_safety.h"
 #include "daemon/tls/tls_creds.h"
@@ -133,12 +133,13 @@ struct MigrationShared {
     // Set by the migration thread as the postcopy package goes: from then
     // on the destination may run the VM, so a failure never resumes it here.
     std::atomic<bool> vm_handed_over{false};
-    // Postcopy recovery: a paused migration thread waits for the channels
-    // of `migrate resume=true`, which the loop hands over here, or for
-    // `abandon` (the daemon quits). pause_error is error-desc meanwhile.
+    // Postcopy recovery: a paused migration thread waits for the main
+    // channel of `migrate resume=true`, which the loop makes, adds to its
+    // channels to shut down (MigrationOwner) and hands over here, or for
+    // `abandon` (cancel, quit). pause_error is error-desc meanwhile.
     Mutex resume_mu;
     std::condition_variable resume_cv;
-    std::optional<std::vector<UniqueFd>> resume_fds GUARDED_BY(resume_mu);
+    std::unique_ptr<Channel> resume_channel GUARDED_BY(resume_mu);
     bool abandon GUARDED_BY(resume_mu) = false;
     // pause-before-switchover: migrate-continue's posts (QEMU's pause_sem).
     unsigned continue_posts GUARDED_BY(resume_mu) = 0;

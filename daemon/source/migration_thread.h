@@ -45,9 +45,10 @@ public:
     // Un-pauses the guest unless the user paused the VM.
     virtual void resume_guest_if_running() = 0;
     // Every channel the thread writes (main, multifd, preempt), added once
-    // it exists: cancel, migrate-pause and quit shut it down
-    // (Channel::shutdown(), any thread), so that no write to a peer that
-    // stopped reading holds the thread; removed before it is destroyed.
+    // it exists (a resume's main channel by the owner, which makes it):
+    // cancel, migrate-pause and quit shut it down (Channel::shutdown(), any
+    // thread), so that no write to a peer that stopped reading holds the
+    // thread; removed by the thread before it is destroyed.
     virtual void add_channel(Channel &ch) = 0;
     virtual void remove_channel(Channel &ch) = 0;
 
@@ -96,7 +97,7 @@ private:
     // once `migrate resume=true` brings new channels.
     Status postcopy_run();
     Status postcopy_pause(Error why);
-    Status postcopy_resume(std::vector<UniqueFd> fds);
+    Status postcopy_resume(std::unique_ptr<Channel> ch);
     Status tls_handshake(Channel &ch);
     void drop_channels();
     Status postcopy_iterate();

@@ -317,10 +317,11 @@ Status OutgoingMigration::resume(const MigrationAddress &addr)
         }
         set_link_timeout(owned.front().get(), params_.link_timeout_ms);
         set_status(MigrationStatus::PostcopyRecover);
+        auto ch = std::make_unique<Channel>(std::move(owned.front()));
+        add_channel(*ch); // cancel and migrate-pause shut it from now on
         {
-            // The migration thread adds the new channel for shutdowns as it takes it.
             MutexLock lk(shared_->resume_mu);
-            shared_->resume_fds = std::move(owned);
+            shared_->resume_channel = std::move(ch);
             shared_->pause_error.clear(); // migrate_error_free()
         }
         shared_->resume_cv.notify_all();

@@ -241,19 +241,23 @@ Status MigrationThread::postcopy_pause(Error why)
         drop_channels();
         owner_.post_status(MigrationStatus::PostcopyActive, MigrationStatus::PostcopyPaused);
         owner_.post_status(MigrationStatus::PostcopyRecover, MigrationStatus::PostcopyPaused);
-        std::vector<UniqueFd> fds;
+        std::unique_ptr<Channel> ch;
+        bool abandoned = false;
         {
             MutexLock lk(shared_.resume_mu);
-            while (!shared_.abandon && !shared_.resume_fds) {
+            while (!shared_.abandon && !shared_.resume_channel) {
                 lk.wait(shared_.resume_cv);
             }
-            if (shared_.abandon) {
-                return why.prepend("postcopy given up while paused: ");
-            }
-            fds = std::move(*shared_.resume_fds);
-            shared_.resume_fds.reset();
+            abandoned = shared_.abandon;
+            ch = std::move(shared_.resume_channel);
         }
-        Status st = postcopy_resume(std::move(fds));
+        if (abandoned) {
+            if (ch) {
+                owner_.remove_channel(*ch); // the owner added it; it closes here
+            }
+            return why.prepend("postcopy given up while paused: ");
+        }
+        Status st = postcopy_resume(std::move(ch));
         if (st) {
             owner_.post_status(MigrationStatus::PostcopyRecover, MigrationStatus::PostcopyActive);
             spdlog::info("migration: postcopy resumed: {} pages still to send",
@@ -267,11 +271,10 @@ Status MigrationThread::postcopy_pause(Error why)
 // postcopy_do_resume(): on the new main channel (no header: the stream
 // goes on), the destination's received bitmaps, then POSTCOPY_RESUME and
 // its acknowledgement.
-Status MigrationThread::postcopy_resume(std::vector<UniqueFd> fds)
+Status MigrationThread::postcopy_resume(std::unique_ptr<Channel> ch)
 {
     owner_.remove_channel(*main_);
-    main_ = std::make_unique<Channel>(std::move(fds[0]));
-    owner_.add_channel(*main_);
+    main_ = std::move(ch); // the owner added it as it made it
     out_.reconnect(*main_);
     QMIGD_TRY(tls_handshake(*main_));
     recovery_->begin();
