@@ -1,4 +1,7 @@
+// MappedRamSave: mapped-ram's page placement and file bitmaps on the source.
 #include "daemon/source/mapped_ram_save.h"
+
+#include "daemon/channel.h"
 
 #include <sys/uio.h>
 
@@ -42,7 +45,7 @@ uint32_t zero_stretch(const uint64_t *offsets, const uint8_t *const *where, uint
 
 } // namespace
 
-Status MappedRamSave::write_pages(int fd, size_t block, const uint64_t *offsets,
+Status MappedRamSave::write_pages(Channel &ch, size_t block, const uint64_t *offsets,
                                   const uint8_t *const *where, uint32_t n)
 {
     Block &b = blocks_[block];
@@ -78,7 +81,7 @@ Status MappedRamSave::write_pages(int fd, size_t block, const uint64_t *offsets,
             iov[niov++] = {const_cast<uint8_t *>(kZeroGap), size_t(z) * TARGET_PAGE_SIZE};
             end = after;
         }
-        QMIGD_TRY(pwritev_full(fd, iov.data(), niov, b.layout.pages_offset + start));
+        QMIGD_TRY(pwritev_full(ch.fd(), iov.data(), niov, b.layout.pages_offset + start));
         i = end;
     }
     return {};

@@ -19,6 +19,8 @@
 
 namespace qmigd {
 
+class Channel;
+
 class MappedRamSave {
 public:
     explicit MappedRamSave(const std::vector<RAMBlock> &blocks);
@@ -27,12 +29,12 @@ public:
     // returns the layout (read-only from here on, by every thread).
     const MappedRamHeader &place(size_t block, uint64_t header_pos);
 
-    // Any thread: stores n pages of `block` at their fixed places (page
+    // Any thread, on its own channel (a descriptor of the file): stores n pages of `block` at their fixed places (page
     // i's bytes at where[i]; a null where[i] is a zero page: its bit is
     // cleared and it needs no bytes in the file), one pwritev per run of
     // consecutive offsets. Up to kZeroGapPages zero pages between two data
     // pages of a run are written as zeros rather than cut the write in two.
-    Status write_pages(int fd, size_t block, const uint64_t *offsets,
+    Status write_pages(Channel &ch, size_t block, const uint64_t *offsets,
                        const uint8_t *const *where, uint32_t n);
     // Any thread: the page is zero now; nothing is written.
     void mark_zero(size_t block, uint64_t offset);

@@ -7,13 +7,14 @@
 #include <chrono>
 #include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <vector>
 #include <cstdint>
 #include <optional>
 #include <string>
 
+#include "daemon/channel.h"
 #include "daemon/park/parked_vm.h"
+#include "daemon/thread_safety.h"
 #include "daemon/tls/tls_creds.h"
 #include "protocol/error.h"
 #include "protocol/multifd_compress.h"
@@ -122,7 +123,7 @@ struct MigrationStats {
 // after the previous migration thread was joined.
 struct MigrationShared {
     MigrationStats stats;
-    std::chrono::steady_clock::time_point start_time; // set before the thread starts
+    std::chrono::steady_clock::time_point start_time; // set before the thread starts, read-only after
     // Set by the loop, read by the migration thread.
     std::atomic<bool> cancel_requested{false};
     std::atomic<uint64_t> max_bandwidth{0}; // migrate-set-parameters applies at once
@@ -132,16 +133,17 @@ struct MigrationShared {
     // Set by the migration thread as the postcopy package goes: from then
     // on the destination may run the VM, so a failure never resumes it here.
     std::atomic<bool> vm_handed_over{false};
-    // Postcopy recovery: a paused migration thread waits for the channels
-    // of `migrate resume=true`, which the loop hands over here, or for
-    // `abandon` (the daemon quits). pause_error is error-desc meanwhile.
-    std::mutex resume_mu;
+    // Postcopy recovery: a paused migration thread waits for the main
+    // channel of `migrate resume=true`, which the loop makes, adds to its
+    // channels to shut down (MigrationOwner) and hands over here, or for
+    // `abandon` (cancel, quit). pause_error is error-desc meanwhile.
+    Mutex resume_mu;
     std::condition_variable resume_cv;
-    std::optional<std::vector<int>> resume_fds; // protected by resume_mu
-    bool abandon = false;                       // protected by resume_mu
+    std::unique_ptr<Channel> resume_channel GUARDED_BY(resume_mu);
+    bool abandon GUARDED_BY(resume_mu) = false;
     // pause-before-switchover: migrate-continue's posts (QEMU's pause_sem).
-    unsigned continue_posts = 0;                // protected by resume_mu
-    std::string pause_error;                    // protected by resume_mu
+    unsigned continue_posts GUARDED_BY(resume_mu) = 0;
+    std::string pause_error GUARDED_BY(resume_mu);
 };
 
 inline int64_t ms_since(std::chrono::steady_clock::time_point t)

@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "daemon/channel.h"
+#include "daemon/io/unique_fd.h"
 #include "daemon/source/migration_state.h"
 #include "daemon/source/return_path.h"
 #include "daemon/migration_status.h"
@@ -29,7 +31,6 @@ class PageRequests;
 class PostcopyRecovery;
 struct PageChannel;
 class RamSave;
-class TlsSession;
 class XbzrleSave;
 
 // What the migration thread asks of the migration's owner, from the
@@ -43,12 +44,13 @@ public:
     virtual void post_pass(uint64_t n) = 0;
     // Un-pauses the guest unless the user paused the VM.
     virtual void resume_guest_if_running() = 0;
-    // A channel the thread opens itself (postcopy's preempt channel):
-    // cancel, migrate-pause and quit shut it down with the others, so that
-    // no write to a peer that stopped reading holds the thread; removed
-    // before it is closed.
-    virtual void add_channel(int fd) = 0;
-    virtual void remove_channel(int fd) = 0;
+    // Every channel the thread writes (main, multifd, preempt), added once
+    // it exists (a resume's main channel by the owner, which makes it):
+    // cancel, migrate-pause and quit shut it down (Channel::shutdown(), any
+    // thread), so that no write to a peer that stopped reading holds the
+    // thread; removed by the thread before it is destroyed.
+    virtual void add_channel(Channel &ch) = 0;
+    virtual void remove_channel(Channel &ch) = 0;
 
 protected:
     ~MigrationOwner() = default;
@@ -57,8 +59,9 @@ protected:
 // The migration thread's state and steps. Lives on the migration thread.
 class MigrationThread {
 public:
-    // fds: the main channel, then the multifd channels; closed at the end.
-    MigrationThread(const OutgoingParams &p, std::vector<RAMBlock> &blocks, std::vector<int> fds,
+    // fds: the main channel, then the multifd channels; ours from here on.
+    MigrationThread(const OutgoingParams &p, std::vector<RAMBlock> &blocks,
+                    std::vector<UniqueFd> fds,
                     MigrationShared &shared, GuestControl *guest, MigrationOwner &owner);
     ~MigrationThread();
 
@@ -94,7 +97,8 @@ private:
     // once `migrate resume=true` brings new channels.
     Status postcopy_run();
     Status postcopy_pause(Error why);
-    Status postcopy_resume(std::vector<int> fds);
+    Status postcopy_resume(std::unique_ptr<Channel> ch);
+    Status tls_handshake(Channel &ch);
     void drop_channels();
     Status postcopy_iterate();
     Status postcopy_send_part();
@@ -116,13 +120,15 @@ private:
     MigrationShared &shared_;
     GuestControl *const guest_; // may be null
     MigrationOwner &owner_;
-    int main_fd_;
-    std::unique_ptr<TlsSession> main_tls_; // with tls-creds, after setup's handshake
+    // The main channel (its TLS session with tls-creds, after the
+    // handshake); replaced by a postcopy recovery. Written by this thread
+    // (out_, declared after it), read by the return path's reader (rp_,
+    // destroyed first), shut down by the owner (MigrationOwner::add_channel).
+    std::unique_ptr<Channel> main_;
     std::unique_ptr<PageRequests> requests_; // with postcopy-ram: from rp_ to us
     std::unique_ptr<PostcopyRecovery> recovery_; // with postcopy-ram: from rp_ to us
     // With postcopy-preempt, from the switch on: where requested pages go.
-    int preempt_fd_ = -1;
-    std::unique_ptr<TlsSession> preempt_tls_;
+    std::unique_ptr<Channel> preempt_ch_;
     std::unique_ptr<QEMUFileWriter> preempt_out_;
     std::unique_ptr<PageChannel> preempt_;
     std::unique_ptr<ReturnPathIn> rp_;     // with return-path or postcopy, from setup on

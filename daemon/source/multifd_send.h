@@ -15,19 +15,25 @@
 // sockets: no init message, no packet headers and no SYNC packets; a
 // channel writes its normal pages at their fixed offsets and a sync only
 // waits until every channel is idle (QEMU's MULTIFD_SYNC_LOCAL).
+//
+// multifd_send.cpp holds the main thread's side (queueing, hand-off, sync,
+// shutdown), multifd_send_channel.cpp the sender threads' (packets, TLS,
+// compression, zero copy, mapped-ram writes).
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "daemon/channel.h"
+#include "daemon/io/unique_fd.h"
 #include "daemon/io/zero_copy.h"
 #include "daemon/source/mapped_ram_save.h"
 #include "daemon/ram_blocks.h"
+#include "daemon/thread_safety.h"
 #include "daemon/tls/tls_session.h"
 #include "protocol/error.h"
 #include "protocol/multifd_compress.h"
@@ -72,7 +78,8 @@ Error multifd_peer_closed_hint(Error e);
 class MultifdSend {
 public:
     // `file`: the mapped-ram layout when fds are files; null for sockets.
-    MultifdSend(std::vector<int> fds, const std::vector<RAMBlock> &blocks, bool detect_zero,
+    // The channels are ours: closed once the sender threads are joined.
+    MultifdSend(std::vector<UniqueFd> fds, const std::vector<RAMBlock> &blocks, bool detect_zero,
                 const Uuid &uuid, MappedRamSave *file = nullptr,
                 MultiFDCompressionParams compression = {}, TlsParams tls = {});
     ~MultifdSend();
@@ -82,6 +89,9 @@ public:
     Status enable_zero_copy();
     // Spawns the channel threads; each sends its init message at once.
     void start();
+    // The channels, for the owner's shutdown on cancel (Channel::shutdown()
+    // is for any thread); valid while this object lives.
+    std::vector<Channel *> channels() const;
 
     // --- main migration thread only ---
     // Queues a page; hands the job to a channel when its packets are full
@@ -93,17 +103,17 @@ public:
     // Sends the partial batch, a SYNC on every channel, and waits until every
     // channel has written its SYNC (the caller writes MULTIFD_FLUSH after:
     // the deadlock rule of the wire-format doc, 3.6).
-    Status sync();
+    Status sync() EXCLUDES(mu_);
 
     // After the last sync, channels idle: ends each channel's TLS session
     // with close_notify. QEMU 10 destinations take a multifd channel that
     // ends without one for a failure (multifd-clean-tls-termination).
-    void terminate_tls();
+    void terminate_tls() EXCLUDES(mu_);
 
     // --- any thread ---
     // Wakes and stops every channel thread (idempotent); fds are shut down.
-    void shutdown();
-    Status error() const;
+    void shutdown() EXCLUDES(mu_);
+    Status error() const EXCLUDES(mu_);
 
     uint64_t bytes() const;
     uint64_t normal_pages() const;
@@ -113,60 +123,76 @@ public:
     uint64_t zero_copy_missed() const { return zero_copy_missed_.load(std::memory_order_relaxed); }
 
 private:
-    struct Channel {
-        unsigned id = 0;
-        int fd = -1;
-        std::thread thread;
-        std::condition_variable cv; // channel waits here for work
-        // Protected by MultifdSend::mu_.
-        bool pending_job = false;
-        bool pending_sync = false;
-        uint64_t syncs_done = 0;
-        // Owned by the channel thread while pending_job, else by main.
+    // One sender (QEMU's MultiFDSendParams): its channel and thread.
+    struct Sender {
+        unsigned id = 0; // set at construction, read-only after
+        // Created by the constructor, destroyed after the thread's join;
+        // its TLS session set by the sender thread before its first write,
+        // ended by main once the sender idles (terminate_tls).
+        std::unique_ptr<Channel> ch;
+        std::thread thread; // started by start(), joined by the destructor
+        std::condition_variable cv; // the sender waits here for work
+        // Owned by the sender thread while its state_.pending_job, else by
+        // main (the hand-off under mu_ moves it).
         std::unique_ptr<MultifdJob> job = std::make_unique<MultifdJob>();
-        // Channel thread only: the packet's page data on the File path
-        // (page-aligned: O_DIRECT writes it as it is); a whole job's with
-        // mapped-ram, which writes a job at once.
+        // Sender thread only (allocated by the constructor): the packet's
+        // page data on the File path (page-aligned: O_DIRECT writes it as
+        // it is); a whole job's with mapped-ram, which writes a job at once.
         std::unique_ptr<AlignedBuffer> data;
-        // Channel thread only (main, once idle: terminate_tls): with TLS.
-        std::unique_ptr<TlsSession> tls;
-        // Channel thread only, with compression: the stream and its output.
+        // Sender thread only, with compression: the stream and its output.
         std::unique_ptr<MultiFDCompressor> compressor;
         std::unique_ptr<uint8_t[]> zbuf;
-        // Channel thread only, with zero-copy-send.
+        // With zero-copy-send: made by enable_zero_copy() before start(),
+        // the sender thread's after.
         std::unique_ptr<ZeroCopySender> zero_copy;
-        // Written by the channel thread, read by query.
+        // Written by the sender thread, read by main (bytes(), the counters).
         std::atomic<uint64_t> bytes{0};
         std::atomic<uint64_t> normal{0};
         std::atomic<uint64_t> zero{0};
     };
 
-    Status send_pending();
-    void channel_main(Channel &ch);
-    Status channel_setup(Channel &ch);
-    Status send_packet(Channel &ch, const MultifdJob *job, uint32_t packet, uint32_t flags);
-    // The header as a plain write, then the pages with MSG_ZEROCOPY.
-    Status send_zero_copy(Channel &ch, struct iovec *iov, int n);
-    // A SYNC packet's channel: waits for its zero-copy sends to complete.
-    Status flush_zero_copy(Channel &ch);
-    Status write_file_job(Channel &ch, const MultifdJob &job);
-    // Where packet `packet` of `job` finds its pages' bytes.
-    Status packet_pages(Channel &ch, const MultifdJob &job, uint32_t packet,
-                        const uint8_t **where);
-    void set_error(const Error &e);
+    // What the hand-off tells a sender; protected by mu_.
+    struct SenderState {
+        bool pending_job = false;
+        bool pending_sync = false;
+        uint64_t syncs_done = 0;
+    };
 
+    Status send_pending() EXCLUDES(mu_);
+    // An idle sender from next_channel_ on, or null.
+    Sender *idle_sender() REQUIRES(mu_);
+    bool synced(const std::vector<uint64_t> &target) const REQUIRES(mu_);
+    void wake_all() REQUIRES(mu_);
+    void channel_main(Sender &s) EXCLUDES(mu_);
+    Status channel_work(Sender &s, bool job);
+    Status channel_setup(Sender &s);
+    Status send_packet(Sender &s, const MultifdJob *job, uint32_t packet, uint32_t flags);
+    // The header as a plain write, then the pages with MSG_ZEROCOPY.
+    Status send_zero_copy(Sender &s, struct iovec *iov, int n);
+    // A SYNC packet's channel: waits for its zero-copy sends to complete.
+    Status flush_zero_copy(Sender &s);
+    Status write_file_job(Sender &s, const MultifdJob &job);
+    // Where packet `packet` of `job` finds its pages' bytes.
+    Status packet_pages(Sender &s, const MultifdJob &job, uint32_t packet,
+                        const uint8_t **where);
+    void set_error(const Error &e) EXCLUDES(mu_);
+
+    // Set at construction, read-only after (every thread).
     const std::vector<RAMBlock> &blocks_;
     const bool detect_zero_;
     const Uuid uuid_;
     MappedRamSave *const file_;
     const MultiFDCompressionParams compression_;
     const TlsParams tls_;
-    std::vector<std::unique_ptr<Channel>> channels_;
+    // The vector is set at construction and read-only after; each Sender's
+    // members say who owns them.
+    std::vector<std::unique_ptr<Sender>> senders_;
 
-    mutable std::mutex mu_;
+    mutable Mutex mu_;
     std::condition_variable main_cv_; // main waits here for idle/sync done
-    bool quit_ = false;               // protected by mu_
-    std::optional<Error> error_;      // protected by mu_
+    std::vector<SenderState> state_ GUARDED_BY(mu_); // by Sender::id
+    bool quit_ GUARDED_BY(mu_) = false;
+    std::optional<Error> error_ GUARDED_BY(mu_);
     std::atomic<uint64_t> zero_copy_missed_{0}; // added to by the channel threads
 
     // Main thread only.

@@ -1,3 +1,4 @@
+// OutgoingMigration: the source's loop side (migrate, cancel, pause, resume, query-migrate).
 #include "daemon/source/outgoing.h"
 
 #include <unistd.h>
@@ -70,16 +71,39 @@ void OutgoingMigration::resume_guest_if_running()
     }
 }
 
-void OutgoingMigration::add_channel(int fd)
+// A channel added after a cancel is shut down at once: the cancel sets its
+// flag before it takes the lock to shut down the channels it knows.
+void OutgoingMigration::add_channel(Channel &ch)
 {
-    std::lock_guard<std::mutex> lk(fds_mu_);
-    fds_.push_back(fd);
+    MutexLock lk(channels_mu_);
+    channels_.push_back(&ch);
+    if (shared_->cancel_requested) {
+        ch.shutdown();
+    }
 }
 
-void OutgoingMigration::remove_channel(int fd)
+void OutgoingMigration::remove_channel(Channel &ch)
 {
-    std::lock_guard<std::mutex> lk(fds_mu_);
-    std::erase(fds_, fd);
+    MutexLock lk(channels_mu_);
+    std::erase(channels_, &ch);
+}
+
+void OutgoingMigration::shutdown_channels()
+{
+    MutexLock lk(channels_mu_);
+    for (Channel *ch : channels_) {
+        ch->shutdown();
+    }
+}
+
+// Descriptors a connect or an open handed over, owned from here on.
+static std::vector<UniqueFd> adopt_fds(const std::vector<int> &fds)
+{
+    std::vector<UniqueFd> r;
+    for (int fd : fds) {
+        r.emplace_back(fd);
+    }
+    return r;
 }
 
 Status OutgoingMigration::start(const MigrationAddress &addr, const OutgoingParams &params)
@@ -117,15 +141,16 @@ Status OutgoingMigration::start(const MigrationAddress &addr, const OutgoingPara
             on_connected(fd.error());
             return fd.error();
         }
-        std::vector<int> fds{*fd};
+        std::vector<UniqueFd> fds = adopt_fds({*fd});
         if (params.mapped_ram && params.multifd) {
             auto more = file_channels_open(addr, true, params.channels, params.direct_io);
             if (!more) { // QEMU opens them after `migrate` returned: only the migration fails
-                ::close(*fd);
-                on_connected(more.error());
+                on_connected(more.error()); // the main channel's descriptor closes with fds
                 return {};
             }
-            fds.insert(fds.end(), more->begin(), more->end());
+            for (int f : *more) {
+                fds.emplace_back(f);
+            }
         }
         on_connected(std::move(fds));
         return {};
@@ -133,54 +158,47 @@ Status OutgoingMigration::start(const MigrationAddress &addr, const OutgoingPara
     unsigned count = 1 + (params.multifd ? params.channels : 0);
     auto done = [this, gen](Result<std::vector<int>> fds) {
         connect_.reset();
+        std::vector<UniqueFd> owned = fds ? adopt_fds(*fds) : std::vector<UniqueFd>();
         if (gen != generation_ || status_ != MigrationStatus::Setup) {
-            if (fds) {
-                for (int fd : *fds) {
-                    ::close(fd);
-                }
-            }
+            return; // a cancelled attempt's: closed with `owned`
+        }
+        if (!fds) {
+            on_connected(fds.error());
             return;
         }
-        on_connected(std::move(fds));
+        on_connected(std::move(owned));
     };
     connect_ = SocketConnect::start(loop_, addr.socket, count, std::move(done));
     return {};
 }
 
-void OutgoingMigration::on_connected(Result<std::vector<int>> fds)
+void OutgoingMigration::on_connected(Result<std::vector<UniqueFd>> fds)
 {
     if (!fds) {
         finish(fds.error());
         return;
     }
-    bool local = params_.local_send_buffer && !fds->empty() && peer_is_local(fds->front());
-    for (int fd : *fds) {
-        set_link_timeout(fd, params_.link_timeout_ms);
+    bool local =
+        params_.local_send_buffer && !fds->empty() && peer_is_local(fds->front().get());
+    for (const UniqueFd &fd : *fds) {
+        set_link_timeout(fd.get(), params_.link_timeout_ms);
         if (local) {
-            set_send_buffer(fd, params_.local_send_buffer);
+            set_send_buffer(fd.get(), params_.local_send_buffer);
         }
     }
     if (local) {
         spdlog::info("destination is on this host: send buffers of {} KiB per channel",
                      params_.local_send_buffer >> 10);
     }
-    {
-        std::lock_guard<std::mutex> lk(fds_mu_);
-        fds_ = *fds;
-    }
-    thread_ = std::thread([this, fds = *fds] {
+    thread_ = std::thread([this, fds = std::move(*fds)]() mutable {
         set_thread_name("mig/src/main");
         std::optional<Error> err;
         {
-            MigrationThread t(params_, blocks_, fds, *shared_, guest_, *this);
+            MigrationThread t(params_, blocks_, std::move(fds), *shared_, guest_, *this);
             Status st = t.run();
             if (!st) {
                 err = st.error();
             }
-            // Forget the fds before ~MigrationThread closes them: a cancel after
-            // that must not shut down a number the process reuses.
-            std::lock_guard<std::mutex> lk(fds_mu_);
-            fds_.clear();
         } // channels closed here
         dispatcher_.post([this, err] { finish(err); });
     });
@@ -234,15 +252,12 @@ void OutgoingMigration::cancel()
     }
     shared_->cancel_requested = true;
     {
-        std::lock_guard<std::mutex> lk(shared_->resume_mu);
+        MutexLock lk(shared_->resume_mu);
         shared_->abandon = true; // a paused postcopy waits for nothing more
     }
     shared_->resume_cv.notify_all();
     set_status(MigrationStatus::Cancelling);
-    std::lock_guard<std::mutex> lk(fds_mu_);
-    for (int fd : fds_) {
-        shutdown_fd(fd);
-    }
+    shutdown_channels();
     if (child_) {
         child_->terminate(); // a pipe cannot be shut down: its reader goes
     }
@@ -260,7 +275,7 @@ void OutgoingMigration::cancel()
 void OutgoingMigration::continue_switchover()
 {
     {
-        std::lock_guard<std::mutex> lk(shared_->resume_mu);
+        MutexLock lk(shared_->resume_mu);
         shared_->continue_posts++;
     }
     shared_->resume_cv.notify_all();
@@ -270,13 +285,10 @@ void OutgoingMigration::pause()
 {
     spdlog::info("migration: postcopy paused by migrate-pause");
     {
-        std::lock_guard<std::mutex> lk(shared_->resume_mu);
+        MutexLock lk(shared_->resume_mu);
         shared_->pause_error = "Postcopy migration is paused by the user";
     }
-    std::lock_guard<std::mutex> lk(fds_mu_);
-    for (int fd : fds_) {
-        shutdown_fd(fd);
-    }
+    shutdown_channels();
 }
 
 Status OutgoingMigration::resume(const MigrationAddress &addr)
@@ -291,29 +303,25 @@ Status OutgoingMigration::resume(const MigrationAddress &addr)
     uint64_t gen = ++generation_;
     connect_ = SocketConnect::start(loop_, addr.socket, 1, [this, gen](Result<std::vector<int>> fds) {
         connect_.reset();
+        std::vector<UniqueFd> owned = fds ? adopt_fds(*fds) : std::vector<UniqueFd>();
         if (gen != generation_ || status_ != MigrationStatus::PostcopyRecoverSetup) {
-            if (fds) {
-                ::close(fds->front());
-            }
-            return;
+            return; // closed with `owned`
         }
         if (!fds) {
             // Never fail a postcopy migration: paused again, for another try.
             spdlog::error("migration: resume failed: {}", fds.error().message());
-            std::lock_guard<std::mutex> lk(shared_->resume_mu);
+            MutexLock lk(shared_->resume_mu);
             shared_->pause_error = fds.error().message();
             set_status(MigrationStatus::PostcopyPaused);
             return;
         }
-        set_link_timeout(fds->front(), params_.link_timeout_ms);
-        {
-            std::lock_guard<std::mutex> lk(fds_mu_);
-            fds_ = *fds;
-        }
+        set_link_timeout(owned.front().get(), params_.link_timeout_ms);
         set_status(MigrationStatus::PostcopyRecover);
+        auto ch = std::make_unique<Channel>(std::move(owned.front()));
+        add_channel(*ch); // cancel and migrate-pause shut it from now on
         {
-            std::lock_guard<std::mutex> lk(shared_->resume_mu);
-            shared_->resume_fds = std::move(*fds);
+            MutexLock lk(shared_->resume_mu);
+            shared_->resume_channel = std::move(ch);
             shared_->pause_error.clear(); // migrate_error_free()
         }
         shared_->resume_cv.notify_all();
@@ -331,7 +339,7 @@ nlohmann::json OutgoingMigration::query() const
     json r = {{"status", migration_status_name(status_)}};
     if (status_ == MigrationStatus::PostcopyPaused ||
         status_ == MigrationStatus::PostcopyRecoverSetup) {
-        std::lock_guard<std::mutex> lk(shared_->resume_mu);
+        MutexLock lk(shared_->resume_mu);
         r["error-desc"] = shared_->pause_error;
     }
     switch (status_) {

@@ -15,7 +15,6 @@
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -28,6 +27,7 @@
 #include "daemon/source/migration_thread.h"
 #include "daemon/migration_status.h"
 #include "daemon/ram_blocks.h"
+#include "daemon/thread_safety.h"
 #include "daemon/io/command_channel.h"
 #include "daemon/io/migration_address.h"
 #include "daemon/io/socket_channels.h"
@@ -74,7 +74,7 @@ public:
     bool vm_handed_over() const { return shared_->vm_handed_over; }
 
 private:
-    void on_connected(Result<std::vector<int>> fds);
+    void on_connected(Result<std::vector<UniqueFd>> fds);
     void set_status(MigrationStatus s);
     void set_status_from(MigrationStatus from, MigrationStatus to);
     // MigrationOwner, called from the migration thread.
@@ -82,10 +82,16 @@ private:
     void post_pass(uint64_t n) override;
     // Any thread: un-pauses the guest unless the user paused the VM.
     void resume_guest_if_running() override;
-    void add_channel(int fd) override;
-    void remove_channel(int fd) override;
+    void add_channel(Channel &ch) override EXCLUDES(channels_mu_);
+    void remove_channel(Channel &ch) override EXCLUDES(channels_mu_);
+    // Loop thread: cancel, migrate-pause and quit wake the thread this way.
+    void shutdown_channels() EXCLUDES(channels_mu_);
     void finish(std::optional<Error> err);
 
+    // Set at construction, read-only after. The blocks are the migration
+    // thread's while it runs; the guest is called from both threads (its
+    // record's fields are atomics, ramstate/guest_control.h); the
+    // callbacks run on the loop (posted through the dispatcher).
     uv_loop_t *loop_;
     LoopDispatcher &dispatcher_;
     std::vector<RAMBlock> &blocks_;
@@ -93,9 +99,12 @@ private:
     OnStatus on_status_;
     OnPass on_pass_;
 
+    // Written at start() by the loop, before the migration thread starts,
+    // which copies it as it starts (MigrationThread::p_); read by the loop.
+    OutgoingParams params_;
+
     // Loop thread only.
     MigrationStatus status_ = MigrationStatus::None;
-    OutgoingParams params_;
     std::string error_desc_;
     std::thread thread_;
     uint64_t generation_ = 0; // ignores connects of a cancelled attempt
@@ -103,12 +112,15 @@ private:
     FdSource fd_source_;
     std::shared_ptr<CommandChild> child_;     // exec: the command
 
-    // With the migration thread (migration_state.h); replaced at start().
+    // With the migration thread (migration_state.h); replaced at start(),
+    // by the loop, once the previous migration thread was joined.
     std::unique_ptr<MigrationShared> shared_ = std::make_unique<MigrationShared>();
-    uint64_t total_bytes_ = 0;
+    uint64_t total_bytes_ = 0; // set at construction, read-only after
 
-    std::mutex fds_mu_;
-    std::vector<int> fds_; // protected by fds_mu_: shut down on cancel, pause and quit
+    // The migration thread's channels, borrowed: it adds each once it
+    // exists and removes it before destroying it (MigrationOwner).
+    Mutex channels_mu_;
+    std::vector<Channel *> channels_ GUARDED_BY(channels_mu_);
 };
 
 } // namespace qmigd

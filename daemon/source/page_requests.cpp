@@ -1,3 +1,4 @@
+// PageRequests: postcopy's page requests, from the return path's reader to the migration thread.
 #include "daemon/source/page_requests.h"
 
 #include <algorithm>
@@ -38,7 +39,7 @@ Status PageRequests::push(const std::string *idstr, uint64_t start, uint32_t len
                                  "blocklen={:x}",
                                  start, len, b.used_length));
     }
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     if (queue_.size() >= kMaxQueued) {
         return Error(fmt::format("return path: more than {} page requests pending", kMaxQueued));
     }
@@ -53,7 +54,7 @@ std::optional<PageRequest> PageRequests::pop()
     if (!pending()) {
         return std::nullopt;
     }
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     if (queue_.empty()) {
         return std::nullopt;
     }

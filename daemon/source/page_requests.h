@@ -7,11 +7,11 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "daemon/thread_safety.h"
 #include "protocol/error.h"
 #include "protocol/qemu_format.h"
 
@@ -37,19 +37,19 @@ public:
 
     // A request as it came: idstr null for REQ_PAGES (the block of the
     // previous request). Errors in QEMU's words.
-    Status push(const std::string *idstr, uint64_t start, uint32_t len);
+    Status push(const std::string *idstr, uint64_t start, uint32_t len) EXCLUDES(mu_);
     bool pending() const { return queued_.load(std::memory_order_acquire) != 0; }
-    std::optional<PageRequest> pop();
+    std::optional<PageRequest> pop() EXCLUDES(mu_);
     // postcopy-requests: every request, good or bad, as QEMU counts them.
     uint64_t count() const { return count_.load(); }
 
 private:
-    const std::vector<RamBlockDesc> blocks_;
+    const std::vector<RamBlockDesc> blocks_; // set at construction, read-only after
     size_t last_block_ = SIZE_MAX; // reader thread only
-    std::mutex mu_;
-    std::deque<PageRequest> queue_; // protected by mu_
-    std::atomic<size_t> queued_{0};
-    std::atomic<uint64_t> count_{0};
+    Mutex mu_;
+    std::deque<PageRequest> queue_ GUARDED_BY(mu_);
+    std::atomic<size_t> queued_{0};  // written under mu_, read without it
+    std::atomic<uint64_t> count_{0}; // atomic: the reader counts, the migration thread reads
 };
 
 } // namespace qmigd

@@ -47,21 +47,16 @@ bool MigrationThread::postcopy_requested() const
 // package.
 Status MigrationThread::preempt_connect()
 {
-    auto fd = connect_to_peer_of(main_fd_, p_.link_timeout_ms);
+    auto fd = connect_to_peer_of(main_->fd(), p_.link_timeout_ms);
     if (!fd) {
         return Error(fd.error()).prepend("postcopy_start: Failed to establish preempt channel: ");
     }
-    preempt_fd_ = *fd;
-    owner_.add_channel(preempt_fd_); // cancel, migrate-pause and quit shut it too
-    set_link_timeout(preempt_fd_, p_.link_timeout_ms);
-    preempt_out_ = std::make_unique<QEMUFileWriter>(preempt_fd_);
-    if (p_.tls.enabled()) {
-        auto t = TlsSession::client(preempt_fd_, *p_.tls.creds, p_.tls.hostname);
-        if (!t) {
-            return Error(t.error()).prepend("postcopy_start: Failed to establish preempt channel: ");
-        }
-        preempt_tls_ = std::move(*t);
-        preempt_out_->set_tls(preempt_tls_.get());
+    preempt_ch_ = std::make_unique<Channel>(UniqueFd(*fd));
+    owner_.add_channel(*preempt_ch_); // cancel, migrate-pause and quit shut it too
+    set_link_timeout(preempt_ch_->fd(), p_.link_timeout_ms);
+    preempt_out_ = std::make_unique<QEMUFileWriter>(*preempt_ch_);
+    if (Status st = tls_handshake(*preempt_ch_); !st) {
+        return Error(st.error()).prepend("postcopy_start: Failed to establish preempt channel: ");
     }
     preempt_ = std::make_unique<PageChannel>(PageChannel{*preempt_out_, {}});
     spdlog::info("migration: postcopy preempt channel connected");
@@ -221,16 +216,14 @@ Status MigrationThread::postcopy_run()
 // them (the owner may still name the old main one until then).
 void MigrationThread::drop_channels()
 {
-    shutdown_fd(main_fd_);
+    main_->shutdown();
     rp_.reset(); // joins the reader
-    if (preempt_fd_ >= 0) {
-        owner_.remove_channel(preempt_fd_);
-        ::close(preempt_fd_);
-        preempt_fd_ = -1;
-    }
     preempt_.reset();
     preempt_out_.reset();
-    preempt_tls_.reset();
+    if (preempt_ch_) {
+        owner_.remove_channel(*preempt_ch_);
+        preempt_ch_.reset();
+    }
 }
 
 // postcopy_pause(): until a resume succeeds, or the daemon gives up.
@@ -240,7 +233,7 @@ Status MigrationThread::postcopy_pause(Error why)
         spdlog::error("migration: Detected IO failure for postcopy. Migration paused: {}",
                       why.message());
         {
-            std::lock_guard<std::mutex> lk(shared_.resume_mu);
+            MutexLock lk(shared_.resume_mu);
             if (shared_.pause_error.empty()) { // migrate-pause says why first
                 shared_.pause_error = why.message();
             }
@@ -248,17 +241,23 @@ Status MigrationThread::postcopy_pause(Error why)
         drop_channels();
         owner_.post_status(MigrationStatus::PostcopyActive, MigrationStatus::PostcopyPaused);
         owner_.post_status(MigrationStatus::PostcopyRecover, MigrationStatus::PostcopyPaused);
-        std::vector<int> fds;
+        std::unique_ptr<Channel> ch;
+        bool abandoned = false;
         {
-            std::unique_lock<std::mutex> lk(shared_.resume_mu);
-            shared_.resume_cv.wait(lk, [this] { return shared_.abandon || shared_.resume_fds; });
-            if (shared_.abandon) {
-                return why.prepend("postcopy given up while paused: ");
+            MutexLock lk(shared_.resume_mu);
+            while (!shared_.abandon && !shared_.resume_channel) {
+                lk.wait(shared_.resume_cv);
             }
-            fds = std::move(*shared_.resume_fds);
-            shared_.resume_fds.reset();
+            abandoned = shared_.abandon;
+            ch = std::move(shared_.resume_channel);
         }
-        Status st = postcopy_resume(std::move(fds));
+        if (abandoned) {
+            if (ch) {
+                owner_.remove_channel(*ch); // the owner added it; it closes here
+            }
+            return why.prepend("postcopy given up while paused: ");
+        }
+        Status st = postcopy_resume(std::move(ch));
         if (st) {
             owner_.post_status(MigrationStatus::PostcopyRecover, MigrationStatus::PostcopyActive);
             spdlog::info("migration: postcopy resumed: {} pages still to send",
@@ -272,21 +271,14 @@ Status MigrationThread::postcopy_pause(Error why)
 // postcopy_do_resume(): on the new main channel (no header: the stream
 // goes on), the destination's received bitmaps, then POSTCOPY_RESUME and
 // its acknowledgement.
-Status MigrationThread::postcopy_resume(std::vector<int> fds)
+Status MigrationThread::postcopy_resume(std::unique_ptr<Channel> ch)
 {
-    ::close(main_fd_);
-    main_fd_ = fds[0];
-    main_tls_.reset();
-    out_.reconnect(main_fd_);
-    if (p_.tls.enabled()) {
-        auto t = TlsSession::client(main_fd_, *p_.tls.creds, p_.tls.hostname);
-        QMIGD_TRY(t);
-        main_tls_ = std::move(*t);
-        out_.set_tls(main_tls_.get());
-    }
+    owner_.remove_channel(*main_);
+    main_ = std::move(ch); // the owner added it as it made it
+    out_.reconnect(*main_);
+    QMIGD_TRY(tls_handshake(*main_));
     recovery_->begin();
-    rp_ = std::make_unique<ReturnPathIn>(main_fd_, main_tls_.get(), requests_.get(),
-                                         recovery_.get());
+    rp_ = std::make_unique<ReturnPathIn>(*main_, requests_.get(), recovery_.get());
     for (const auto &b : blocks_) {
         savevm_put_recv_bitmap(out_.w(), b.desc.idstr);
     }

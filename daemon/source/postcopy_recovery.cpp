@@ -1,3 +1,4 @@
+// PostcopyRecovery: a resume's bitmaps and RESUME_ACK, from the reader to the migration thread.
 #include "daemon/source/postcopy_recovery.h"
 
 #include <fmt/format.h>
@@ -16,7 +17,7 @@ PostcopyRecovery::PostcopyRecovery(std::vector<RamBlockDesc> blocks)
 
 void PostcopyRecovery::begin()
 {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     active_ = true;
     acked_ = false;
     rp_ended_ = false;
@@ -35,7 +36,7 @@ Status PostcopyRecovery::recv_bitmap(const std::string &idstr, const Read &read)
                                  wire_text(idstr)));
     }
     {
-        std::lock_guard<std::mutex> lk(mu_);
+        MutexLock lk(mu_);
         if (!active_) {
             return Error("Reload bitmap in incorrect state postcopy-active");
         }
@@ -64,7 +65,7 @@ Status PostcopyRecovery::recv_bitmap(const std::string &idstr, const Read &read)
         bits.back() &= (uint64_t(1) << (pages % 64)) - 1;
     }
     {
-        std::lock_guard<std::mutex> lk(mu_);
+        MutexLock lk(mu_);
         received_[i] = std::move(bits);
         if (!got_[i]) {
             got_[i] = true;
@@ -77,7 +78,7 @@ Status PostcopyRecovery::recv_bitmap(const std::string &idstr, const Read &read)
 
 std::vector<uint64_t> PostcopyRecovery::received(size_t block)
 {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     return received_[block];
 }
 
@@ -93,7 +94,7 @@ Status PostcopyRecovery::resume_ack(uint32_t value)
 {
     QMIGD_TRY(check_resume_ack(value));
     {
-        std::lock_guard<std::mutex> lk(mu_);
+        MutexLock lk(mu_);
         if (!active_) {
             // migrate_handle_rp_resume_ack(): the state moves only from
             // postcopy-recover; any other time the ack is dropped.
@@ -110,39 +111,40 @@ Status PostcopyRecovery::resume_ack(uint32_t value)
 void PostcopyRecovery::return_path_ended()
 {
     {
-        std::lock_guard<std::mutex> lk(mu_);
+        MutexLock lk(mu_);
         rp_ended_ = true;
     }
     cv_.notify_all();
 }
 
+bool PostcopyRecovery::arrived(Awaited what) const
+{
+    return what == Awaited::Bitmaps ? got_count_ == blocks_.size() : acked_;
+}
+
 // Pairs with the notify in recv_bitmap(), resume_ack() and
 // return_path_ended(): a reader that ends cleanly (the destination's
 // SHUT(0)) ends the wait as surely as one that fails.
-Status PostcopyRecovery::wait(ReturnPathIn &rp, const std::function<bool()> &done,
-                              const char *what)
+Status PostcopyRecovery::wait(ReturnPathIn &rp, Awaited what)
 {
     {
-        std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [&] { return done() || rp_ended_; });
-        if (done()) {
+        MutexLock lk(mu_);
+        while (!arrived(what) && !rp_ended_) {
+            lk.wait(cv_);
+        }
+        if (arrived(what)) {
             return {};
         }
     }
     if (auto err = rp.failed()) {
         return *err;
     }
-    return Error(fmt::format("the return path ended before the destination sent {}", what));
+    return Error(fmt::format("the return path ended before the destination sent {}",
+                             what == Awaited::Bitmaps ? "its received bitmaps" : "RESUME_ACK"));
 }
 
-Status PostcopyRecovery::wait_bitmaps(ReturnPathIn &rp)
-{
-    return wait(rp, [this] { return got_count_ == blocks_.size(); }, "its received bitmaps");
-}
+Status PostcopyRecovery::wait_bitmaps(ReturnPathIn &rp) { return wait(rp, Awaited::Bitmaps); }
 
-Status PostcopyRecovery::wait_ack(ReturnPathIn &rp)
-{
-    return wait(rp, [this] { return acked_; }, "RESUME_ACK");
-}
+Status PostcopyRecovery::wait_ack(ReturnPathIn &rp) { return wait(rp, Awaited::Ack); }
 
 } // namespace qmigd

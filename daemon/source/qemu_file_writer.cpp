@@ -1,3 +1,4 @@
+// QEMUFileWriter: the main channel's buffered writes, and a file channel's offsets.
 #include "daemon/source/qemu_file_writer.h"
 
 #include <cerrno>
@@ -6,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "daemon/channel.h"
 #include "daemon/socket_io.h"
 
 namespace qmigd {
@@ -23,7 +25,7 @@ Status QEMUFileWriter::flush()
     if (err_) {
         return *err_;
     }
-    Status st = buf_.empty() ? Status() : channel_write(fd_, tls_, buf_.data(), buf_.size());
+    Status st = buf_.empty() ? Status() : ch_->write(buf_.data(), buf_.size());
     if (!st) {
         err_ = Error(st.error()).prepend("main channel: ");
         return *err_;
@@ -36,7 +38,7 @@ Status QEMUFileWriter::flush()
 Result<uint64_t> QEMUFileWriter::offset()
 {
     QMIGD_TRY(flush());
-    off_t pos = ::lseek(fd_, 0, SEEK_CUR);
+    off_t pos = ::lseek(ch_->fd(), 0, SEEK_CUR);
     if (pos < 0) {
         return Error(fmt::format("main channel: cannot tell the file offset: {}",
                                  std::strerror(errno)));
@@ -47,7 +49,7 @@ Result<uint64_t> QEMUFileWriter::offset()
 Status QEMUFileWriter::seek(uint64_t pos)
 {
     QMIGD_TRY(flush());
-    if (::lseek(fd_, off_t(pos), SEEK_SET) < 0) {
+    if (::lseek(ch_->fd(), off_t(pos), SEEK_SET) < 0) {
         err_ = Error(fmt::format("Unable to seek to offset {} whence {} in file: {}", pos,
                                  SEEK_SET, std::strerror(errno)));
         return *err_;
@@ -60,7 +62,7 @@ Status QEMUFileWriter::write_at(const void *data, size_t n, uint64_t pos)
     if (err_) {
         return *err_;
     }
-    Status st = pwrite_full(fd_, data, n, pos);
+    Status st = pwrite_full(ch_->fd(), data, n, pos);
     if (!st) {
         err_ = Error(st.error()).prepend("main channel: ");
         return *err_;

@@ -1,7 +1,8 @@
 // Buffered writer of the source's main channel (QEMUFile's put side):
 // records are encoded into a buffer that leaves in one write when full.
 //
-// Owned by the migration thread.
+// Owned by the migration thread, which alone writes through it; the
+// Channel it writes to is the migration thread's too, and outlives it.
 #pragma once
 
 #include <cstdint>
@@ -13,23 +14,22 @@
 
 namespace qmigd {
 
-class TlsSession;
+class Channel;
 
 class QEMUFileWriter {
 public:
-    explicit QEMUFileWriter(int fd) : fd_(fd), w_(buf_) { buf_.reserve(kFlushAt + 4096); }
+    // Writes go through the channel's TLS session once it has one.
+    explicit QEMUFileWriter(Channel &ch) : ch_(&ch), w_(buf_) { buf_.reserve(kFlushAt + 4096); }
 
     ByteWriter &w() { return w_; }
-    // From now on writes go through this TLS session (the main channel's,
-    // after its handshake); it outlives the writer's use.
-    void set_tls(TlsSession *tls) { tls_ = tls; }
+    // The channel written to (mapped-ram writes pages beside the stream).
+    Channel &channel() { return *ch_; }
     // Postcopy recovery: the stream goes on over a new connection; what
     // was queued for the broken one, and its error, are dropped (the
     // destination tells which pages it has). Byte counts go on.
-    void reconnect(int fd)
+    void reconnect(Channel &ch)
     {
-        fd_ = fd;
-        tls_ = nullptr;
+        ch_ = &ch;
         buf_.clear();
         err_.reset();
     }
@@ -53,8 +53,7 @@ public:
 private:
     static constexpr size_t kFlushAt = 512 * 1024;
 
-    int fd_;
-    TlsSession *tls_ = nullptr;
+    Channel *ch_; // borrowed: the migration thread's, replaced by reconnect()
     std::vector<uint8_t> buf_;
     ByteWriter w_;
     uint64_t written_ = 0;

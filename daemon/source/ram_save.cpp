@@ -1,3 +1,4 @@
+// RamSave: the source's dirty bitmaps, page walk and RAM records.
 #include "daemon/source/ram_save.h"
 
 #include <algorithm>
@@ -9,8 +10,8 @@
 namespace qmigd {
 
 RamSave::RamSave(std::vector<RAMBlock> &blocks, ZeroPageDetection zpd, QEMUFileWriter &out,
-                 int main_fd, MultifdSend *multifd, MappedRamSave *file)
-    : blocks_(blocks), zpd_(zpd), out_(out), main_fd_(main_fd), multifd_(multifd), file_(file),
+                 MultifdSend *multifd, MappedRamSave *file)
+    : blocks_(blocks), zpd_(zpd), out_(out), multifd_(multifd), file_(file),
       main_{out, {}}
 {
     uint64_t base = 0;
@@ -231,7 +232,7 @@ Status RamSave::save_word_to_file(size_t block, const uint64_t *offsets, const u
         }
     }
     if (normal) {
-        QMIGD_TRY(file_->write_pages(main_fd_, block, keep, where, normal));
+        QMIGD_TRY(file_->write_pages(out_.channel(), block, keep, where, normal));
         normal_ += normal;
         file_bytes_ += uint64_t(normal) * TARGET_PAGE_SIZE;
         *counter_ += uint64_t(normal) * TARGET_PAGE_SIZE;

@@ -36,7 +36,7 @@ class RamSave {
 public:
     // `multifd` and `file` may be null (multifd off; no mapped-ram).
     RamSave(std::vector<RAMBlock> &blocks, ZeroPageDetection zpd, QEMUFileWriter &out,
-            int main_fd, MultifdSend *multifd, MappedRamSave *file);
+            MultifdSend *multifd, MappedRamSave *file);
 
     // The MEM_SIZE record of the setup section, with each block's mapped-ram
     // header when there is one (and, with postcopy-ram, its page size
@@ -99,7 +99,6 @@ private:
     std::vector<RAMBlock> &blocks_;
     const ZeroPageDetection zpd_;
     QEMUFileWriter &out_;
-    const int main_fd_;
     MultifdSend *const multifd_;
     MappedRamSave *const file_;
     std::atomic<uint64_t> *counter_ = nullptr;

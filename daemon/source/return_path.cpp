@@ -1,9 +1,10 @@
+// ReturnPathIn: the source's return-path reader thread and what it hands on.
 #include "daemon/source/return_path.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "daemon/socket_io.h"
+#include "daemon/channel.h"
 #include "daemon/source/page_requests.h"
 #include "daemon/source/postcopy_recovery.h"
 #include "daemon/thread_name.h"
@@ -12,9 +13,8 @@
 
 namespace qmigd {
 
-ReturnPathIn::ReturnPathIn(int fd, TlsSession *tls, PageRequests *requests,
-                           PostcopyRecovery *recovery)
-    : fd_(fd), tls_(tls), requests_(requests), recovery_(recovery)
+ReturnPathIn::ReturnPathIn(Channel &ch, PageRequests *requests, PostcopyRecovery *recovery)
+    : ch_(ch), requests_(requests), recovery_(recovery)
 {
     thread_ = std::thread([this] {
         set_thread_name("mig/src/rp");
@@ -25,27 +25,29 @@ ReturnPathIn::ReturnPathIn(int fd, TlsSession *tls, PageRequests *requests,
 ReturnPathIn::~ReturnPathIn()
 {
     if (thread_.joinable()) {
-        shutdown_fd(fd_);
+        ch_.shutdown();
         thread_.join();
     }
 }
 
 std::optional<Error> ReturnPathIn::failed()
 {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     return error_;
 }
 
 std::optional<Error> ReturnPathIn::failed_within(std::chrono::milliseconds limit)
 {
-    std::unique_lock<std::mutex> lk(mu_);
-    ended_cv_.wait_for(lk, limit, [this] { return ended_; });
+    auto until = std::chrono::steady_clock::now() + limit;
+    MutexLock lk(mu_);
+    while (!ended_ && lk.wait_until(ended_cv_, until)) {
+    }
     return error_;
 }
 
 bool ReturnPathIn::destination_misbehaved()
 {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     return misbehaved_;
 }
 
@@ -59,10 +61,10 @@ Status ReturnPathIn::wait()
 }
 
 // Exactly n bytes of the return path; EOF is an error.
-static Status read_exact(int fd, TlsSession *tls, uint8_t *p, size_t n)
+static Status read_exact(Channel &ch, uint8_t *p, size_t n)
 {
     while (n) {
-        auto r = channel_read(fd, tls, p, n);
+        auto r = ch.read_some(p, n);
         QMIGD_TRY(r);
         if (*r == 0) {
             return Error("return path: the destination closed it without a SHUT");
@@ -75,7 +77,7 @@ static Status read_exact(int fd, TlsSession *tls, uint8_t *p, size_t n)
 
 Status ReturnPathIn::read(uint8_t *p, size_t n)
 {
-    Status st = read_exact(fd_, tls_, p, n);
+    Status st = read_exact(ch_, p, n);
     if (!st) {
         link_failed_ = true;
     }
@@ -129,7 +131,7 @@ Status ReturnPathIn::read_message(bool *shut)
         // Taken whether or not switchover-ack is on, as QEMU does.
         spdlog::info("return path: the destination acknowledges the switchover");
         {
-            std::lock_guard<std::mutex> lk(mu_);
+            MutexLock lk(mu_);
             switchover_acked_ = true;
         }
         ended_cv_.notify_all();
@@ -145,8 +147,10 @@ Status ReturnPathIn::read_message(bool *shut)
 
 void ReturnPathIn::wait_switchover_ack(std::chrono::milliseconds limit)
 {
-    std::unique_lock<std::mutex> lk(mu_);
-    ended_cv_.wait_for(lk, limit, [&] { return switchover_acked_.load() || ended_; });
+    auto until = std::chrono::steady_clock::now() + limit;
+    MutexLock lk(mu_);
+    while (!switchover_acked_.load() && !ended_ && lk.wait_until(ended_cv_, until)) {
+    }
 }
 
 void ReturnPathIn::run()
@@ -157,7 +161,7 @@ void ReturnPathIn::run()
         st = read_message(&shut);
     }
     {
-        std::lock_guard<std::mutex> lk(mu_);
+        MutexLock lk(mu_);
         if (!st) {
             error_ = st.error();
             misbehaved_ = !link_failed_;

@@ -1,3 +1,4 @@
+// XbzrleSave: xbzrle's page cache and delta encoding on the source.
 #include "daemon/source/xbzrle_save.h"
 
 #include <cstring>

@@ -15,6 +15,7 @@
 #include "daemon/source/page_requests.h"
 #include "daemon/source/postcopy_recovery.h"
 #include "daemon/dest/return_path.h"
+#include "daemon/channel.h"
 #include "daemon/source/return_path.h"
 #include "daemon/socket_io.h"
 #include "ramstate/received_bitmap.h"
@@ -475,7 +476,8 @@ TEST_CASE("a resume's waits end when the return path ends cleanly", "[postcopy][
         REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
         PostcopyRecovery rec({{"mem", kBlockSize}});
         rec.begin();
-        ReturnPathIn rp(sv[0], nullptr, nullptr, &rec);
+        Channel ch{UniqueFd(sv[0])}; // outlives the reader
+        ReturnPathIn rp(ch, nullptr, &rec);
         std::vector<uint8_t> msg;
         if (bitmaps_first) {
             std::vector<uint64_t> bits(1, 1);
@@ -493,7 +495,6 @@ TEST_CASE("a resume's waits end when the return path ends cleanly", "[postcopy][
                   "the return path ended before the destination sent its received bitmaps");
         }
         CHECK(rp.wait().ok());
-        ::close(sv[0]);
         ::close(sv[1]);
     }
 }
