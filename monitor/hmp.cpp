@@ -1,3 +1,4 @@
+// HMP commands: parsed as QEMU's, run as their QMP commands, answered as QEMU's text.
 #include "monitor/hmp.h"
 
 #include <cctype>

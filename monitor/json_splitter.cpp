@@ -1,3 +1,4 @@
+// The JSON stream splitter: top-level texts out of a byte stream, with QEMU's limits.
 #include "monitor/json_splitter.h"
 
 namespace qmigd {

@@ -1,3 +1,4 @@
+// The Prometheus text of a daemon's migration counters.
 #include "monitor/metrics.h"
 
 #include <fmt/format.h>

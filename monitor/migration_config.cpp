@@ -1,3 +1,4 @@
+// Migration capabilities and parameters: their QMP and HMP views, ranges and combinations.
 #include "monitor/migration_config.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// getfd/closefd/add-fd: the monitor's named descriptors and fd sets.
 #include "monitor/monitor_fds.h"
 
 #include <cctype>

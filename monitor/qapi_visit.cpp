@@ -1,3 +1,4 @@
+// The QAPI input visitor: a QMP argument checked against its type, with QEMU's error texts.
 #include "monitor/qapi_visit.h"
 
 #include <algorithm>

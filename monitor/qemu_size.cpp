@@ -1,3 +1,4 @@
+// qemu_strtosz: QEMU's size syntax (suffixes, fractions, hex) with its limits.
 #include "monitor/qemu_size.h"
 
 #include <cctype>

@@ -1,3 +1,4 @@
+// The QMP server: sessions on a unix socket, negotiation, checked dispatch, events.
 #include "monitor/qmp_server.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// The stream after RAM that qmigd keeps: device sections, EOF and the VM description, found and checked.
 #include "protocol/device_state.h"
 
 #include <cstring>

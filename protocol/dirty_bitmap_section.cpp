@@ -1,3 +1,4 @@
+// Encoding and decoding of the "dirty-bitmap" iterable section's body.
 #include "protocol/dirty_bitmap_section.h"
 
 #include <fmt/format.h>

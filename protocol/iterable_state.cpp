@@ -1,3 +1,4 @@
+// The iterable sections a parked VM keeps: framing, kept whole and replayed.
 #include "protocol/iterable_state.h"
 
 #include <fmt/format.h>

@@ -1,3 +1,4 @@
+// The mapped-ram block header and layout: encoding, decoding and their checks.
 #include "protocol/mapped_ram.h"
 
 #include <fmt/format.h>

@@ -1,3 +1,4 @@
+// Multifd's zlib and zstd methods: a packet's pages compressed and decompressed.
 #include "protocol/multifd_compress.h"
 
 #include <array>

@@ -1,3 +1,4 @@
+// The multifd init message and packet header: encoding, decoding and checks.
 #include "protocol/multifd_packet.h"
 
 #include <cstring>

@@ -1,3 +1,4 @@
+// Postcopy's commands on the main channel (ADVISE, LISTEN, RUN, PACKAGED...): encoding and decoding.
 #include "protocol/postcopy.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// QEMUFileReader: buffered reads of a migration stream, and its byte readers.
 #include "protocol/qemu_file.h"
 
 #include <algorithm>

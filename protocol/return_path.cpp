@@ -1,3 +1,4 @@
+// Return-path messages: framing, each message's encoder, and the checked decoder.
 #include "protocol/return_path.h"
 
 #include <fmt/format.h>

@@ -1,3 +1,4 @@
+// Encoders of the main channel's records: header, configuration, sections, RAM records, EOF.
 #include "protocol/savevm.h"
 
 #include "protocol/xbzrle.h"

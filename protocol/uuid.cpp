@@ -1,3 +1,4 @@
+// UUIDs in QEMU's text form: parsing and printing.
 #include <cstdio>
 
 #include "protocol/qemu_format.h"

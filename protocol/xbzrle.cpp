@@ -1,3 +1,4 @@
+// XBZRLE: a page's delta against its previous copy, encoded and applied with bounds checks.
 #include "protocol/xbzrle.h"
 
 #include <cstring>

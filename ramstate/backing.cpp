@@ -1,3 +1,4 @@
+// What backs an image file (tmpfs, huge-page tmpfs, hugetlbfs, disk), learnt from the file system.
 #include "ramstate/backing.h"
 
 #include <cerrno>

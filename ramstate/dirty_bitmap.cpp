@@ -1,3 +1,4 @@
+// The shared dirty bitmap: mapping it, marking pages, get-and-clear.
 #include "ramstate/dirty_bitmap.h"
 
 #include <atomic>

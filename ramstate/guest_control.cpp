@@ -1,3 +1,4 @@
+// The guest control record: mapping it, pausing and throttling the guest through it.
 #include "ramstate/guest_control.h"
 
 #include <cerrno>

@@ -1,3 +1,4 @@
+// The XBZRLE page cache: a fixed table of page copies indexed by address.
 #include "ramstate/page_cache.h"
 
 #include <bit>

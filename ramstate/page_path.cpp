@@ -1,3 +1,4 @@
+// The page-path measurement: pread against mapping, pwrite against mapping, per directory.
 #include "ramstate/page_path.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// RamImage: an image file mapped, its pages read and written by the measured page path, its holes.
 #include "ramstate/ram_image.h"
 
 #include <cerrno>

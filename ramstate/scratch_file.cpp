@@ -1,3 +1,4 @@
+// Scratch files next to an image for measuring its file system, removed however they end.
 #include "ramstate/scratch_file.h"
 
 #include <fcntl.h>

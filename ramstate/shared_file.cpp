@@ -1,3 +1,4 @@
+// A small shared file: created or opened, sized and mapped.
 #include "ramstate/shared_file.h"
 
 #include <cerrno>

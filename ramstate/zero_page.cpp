@@ -1,3 +1,4 @@
+// Zero-page detection: AVX2 and SSE2 scans chosen at run time.
 #include "ramstate/zero_page.h"
 
 #include <cstring>

@@ -1,3 +1,4 @@
+// `qmigd guest`: the stand-in vCPU's write loop, its rates and patterns.
 #include "daemon/tools/guest.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// `qmigd limits`: each cost measured (faults, copies, zero scan, loopback TCP, pwrite).
 #include "daemon/tools/limits.h"
 
 #include <arpa/inet.h>
