@@ -1,4 +1,4 @@
-// getfd/closefd/add-fd: the monitor's named descriptors and fd sets.
+// getfd and closefd: the monitor's named descriptors, taken by fd:NAME migrations.
 #include "monitor/monitor_fds.h"
 
 #include <cctype>

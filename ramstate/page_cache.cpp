@@ -1,4 +1,4 @@
-// The XBZRLE page cache: a fixed table of page copies indexed by address.
+// The XBZRLE page cache: direct-mapped page copies, each slot kept while its page stays in use.
 #include "ramstate/page_cache.h"
 
 #include <bit>
