@@ -151,9 +151,13 @@ def test_broken_return_path_fails_the_source():
 def test_return_path_refused_on_a_file():
     with images(4 * MiB, "zero") as imgs, peers("qmigd", "qmigd", imgs) as (s, _):
         with_return_path(s)
-        s.qmp.cmd("migrate", uri=f"file:/tmp/qmigd-rp-{time.monotonic_ns()}.mig")
-        si = wait_status(s, ("failed",), timeout=30, fail_on=("completed",))
-        check("the return path needs a socket" in si.get("error-desc", ""), si)
+        path = f"/tmp/{unique_name('rp-file')}.mig"
+        try:
+            s.qmp.cmd("migrate", uri=f"file:{path}")
+            si = wait_status(s, ("failed",), timeout=30, fail_on=("completed",))
+            check("the return path needs a socket" in si.get("error-desc", ""), si)
+        finally:
+            remove(path)
 
 
 if __name__ == "__main__":
