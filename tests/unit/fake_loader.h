@@ -97,15 +97,19 @@ struct FakeLoader : LoadvmHandler {
 
 // What a precopy stream ends with after RAM's last part (RAM is section
 // 1): the switchover, RAM's END section, the timer, a globalstate of
-// `running`, the EOF and its vmdesc.
-inline void put_stream_end(ByteWriter &w)
+// `runstate`, the EOF and its vmdesc; a file (mapped-ram) has no
+// SWITCHOVER_START.
+inline void put_stream_end(ByteWriter &w, const char *runstate = "running",
+                           bool switchover_start = true)
 {
-    savevm_put_command(w, MIG_CMD_SWITCHOVER_START);
+    if (switchover_start) {
+        savevm_put_command(w, MIG_CMD_SWITCHOVER_START);
+    }
     savevm_put_section_continue(w, QEMU_VM_SECTION_END, 1);
     ram_put_flag(w, RAM_SAVE_FLAG_EOS);
     savevm_put_footer(w, 1);
     savevm_put_timer(w, 0);
-    savevm_put_globalstate(w, 3, "running");
+    savevm_put_globalstate(w, 3, runstate);
     savevm_put_eof_and_vmdesc(w);
 }
 

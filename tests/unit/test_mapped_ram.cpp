@@ -49,12 +49,7 @@ std::vector<uint8_t> mapped_file(bool with_cap = true)
     out.resize(h.pages_offset + kBlock, 0); // bitmap (all clear) and pages
     ram_put_flag(w, RAM_SAVE_FLAG_EOS);
     savevm_put_footer(w, 1);
-    savevm_put_section_continue(w, QEMU_VM_SECTION_END, 1);
-    ram_put_flag(w, RAM_SAVE_FLAG_EOS);
-    savevm_put_footer(w, 1);
-    savevm_put_timer(w, 0);
-    savevm_put_globalstate(w, 3, "paused");
-    savevm_put_eof_and_vmdesc(w);
+    put_stream_end(w, "paused", false);
     return out;
 }
 
