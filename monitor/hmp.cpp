@@ -382,6 +382,10 @@ void hmp_register(QmpServer &server, HmpUriCheck uri_check)
 {
     server.register_command("human-monitor-command", &kHmpArgs,
                             [&server, uri_check](const json &args) -> QmpResult {
+        // A daemon has no CPUs: QEMU 10 with -M none answers any cpu-index so.
+        if (args.contains("cpu-index")) {
+            return qmp_error("Parameter 'cpu-index' expects a CPU number");
+        }
         return json(run_hmp(server, uri_check, args["command-line"]));
     });
 }

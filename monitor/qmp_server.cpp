@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "monitor/json_parse.h"
 #include "monitor/json_splitter.h"
 #include "monitor/qapi_visit.h"
 
@@ -278,22 +279,17 @@ std::optional<QmpError> check_request(const std::vector<std::string> &keys, cons
 // (in dispatch) the arguments, then the command's own checks.
 json QmpSession::handle(const std::string &text)
 {
-    // One parse; the request's own members (depth 1) are noted in the
-    // text's order, which QEMU's checks depend on and json does not keep.
-    std::vector<std::string> keys;
-    auto note_key = [&keys](int depth, json::parse_event_t event, json &parsed) {
-        if (event == json::parse_event_t::key && depth == 1) {
-            const auto &k = parsed.get_ref<const std::string &>();
-            if (std::find(keys.begin(), keys.end(), k) == keys.end()) {
-                keys.push_back(k);
-            }
-        }
-        return true;
-    };
-    json req = json::parse(text, note_key, false);
+    // One parse; the request's own members are noted in the text's order,
+    // which QEMU's checks depend on and json does not keep.
+    JsonText parsed = parse_json_text(text);
+    json &req = parsed.value;
     if (req.is_discarded()) {
         return error_reply({"GenericError", "JSON parse error, invalid JSON input"});
     }
+    if (parsed.duplicate_key) {
+        return error_reply({"GenericError", "JSON parse error, duplicate key"});
+    }
+    const std::vector<std::string> &keys = parsed.top_keys;
     if (!req.is_object()) {
         return error_reply({"GenericError", "QMP input must be a JSON object"});
     }

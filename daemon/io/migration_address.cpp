@@ -73,7 +73,8 @@ namespace {
 
 const QapiType kStrList = qapi_list_of(&kQapiStr);
 
-// qapi/sockets.json and qapi/migration.json of QEMU 10.0.
+// qapi/sockets.json and qapi/migration.json of QEMU 10.0 (10.0.2's query-qmp-schema:
+// InetSocketAddress has no keep-alive-count/idle/interval, which came later).
 const QapiType kInet = qapi_struct({{"host", &kQapiStr},
                                     {"port", &kQapiStr},
                                     {"numeric", &kQapiBool, true},
@@ -81,9 +82,6 @@ const QapiType kInet = qapi_struct({{"host", &kQapiStr},
                                     {"ipv4", &kQapiBool, true},
                                     {"ipv6", &kQapiBool, true},
                                     {"keep-alive", &kQapiBool, true},
-                                    {"keep-alive-count", &kQapiUint32, true},
-                                    {"keep-alive-idle", &kQapiUint32, true},
-                                    {"keep-alive-interval", &kQapiUint32, true},
                                     {"mptcp", &kQapiBool, true}});
 const QapiType kUnix =
     qapi_struct({{"path", &kQapiStr}, {"abstract", &kQapiBool, true}, {"tight", &kQapiBool, true}});
@@ -132,8 +130,13 @@ Result<MigrationAddress> address_from_json(const json &addr)
         return a;
     }
     if (type == "inet") {
-        auto s = parse_socket_uri("tcp:" + addr["host"].get<std::string>() + ":" +
-                                  addr["port"].get<std::string>());
+        // The struct's host may be a bare IPv6 address: bracketed for the
+        // URI parser, as QEMU's InetSocketAddress needs none.
+        std::string host = addr["host"];
+        if (host.find(':') != std::string::npos) {
+            host = "[" + host + "]";
+        }
+        auto s = parse_socket_uri("tcp:" + host + ":" + addr["port"].get<std::string>());
         QMIGD_TRY(s);
         a.socket = *s;
         a.socket.host = addr["host"]; // as given: no [v6] brackets to strip

@@ -1,6 +1,7 @@
 // Socket addresses of migration URIs: host and port, or a unix path, as QEMU parses them.
 #include "daemon/io/socket_address.h"
 
+#include <cctype>
 #include <cstdlib>
 #include <sys/un.h>
 
@@ -15,21 +16,36 @@ bool starts_with(const std::string &s, const char *prefix)
     return s.rfind(prefix, 0) == 0;
 }
 
+// QEMU's inet_parse(): ":PORT" (any address), "[V6]:PORT" with a host
+// inside the brackets, or "HOST:PORT" with the host up to the first colon;
+// a host of at most 64 characters. So "[]:0" is refused rather than taken
+// as every interface, and "::1:0" is refused as QEMU refuses it.
 Result<SocketAddress> parse_inet(const std::string &rest)
 {
-    size_t colon = rest.rfind(':');
-    if (colon == std::string::npos) {
-        return Error("error parsing address '" + rest + "'");
-    }
+    constexpr size_t kMaxHost = 64;
     SocketAddress a;
-    a.host = rest.substr(0, colon);
-    if (a.host.size() >= 2 && a.host.front() == '[' && a.host.back() == ']') {
-        a.host = a.host.substr(1, a.host.size() - 2);
+    size_t port_at;
+    if (starts_with(rest, "[")) {
+        size_t close = rest.find(']');
+        if (close == std::string::npos || close == 1 || close - 1 > kMaxHost ||
+            rest.compare(close + 1, 1, ":") != 0) {
+            return Error("error parsing IPv6 address '" + rest + "'");
+        }
+        a.host = rest.substr(1, close - 1);
+        port_at = close + 2;
+    } else {
+        size_t colon = rest.find(':');
+        if (colon == std::string::npos || colon > kMaxHost) {
+            return Error("error parsing address '" + rest + "'");
+        }
+        a.host = rest.substr(0, colon);
+        port_at = colon + 1;
     }
-    std::string port = rest.substr(colon + 1);
+    std::string port = rest.substr(port_at);
     char *end = nullptr;
     unsigned long p = std::strtoul(port.c_str(), &end, 10);
-    if (port.empty() || *end != '\0' || p > 65535) {
+    if (port.empty() || !std::isdigit(static_cast<unsigned char>(port[0])) || *end != '\0' ||
+        p > 65535) {
         return Error("error parsing address '" + rest + "'");
     }
     a.port = uint16_t(p);

@@ -15,6 +15,7 @@
 
 #include "daemon/io/unique_fd.h"
 #include "daemon/socket_io.h"
+#include "monitor/json_parse.h"
 #include "monitor/qapi_visit.h"
 #include "protocol/device_state.h"
 #include "protocol/iterable_state.h"
@@ -251,7 +252,11 @@ Result<ParkedVm> parse_members(const std::string &dir, const json &j)
 
 Result<ParkedVm> parse_record(const std::string &dir, const std::string &text)
 {
-    json j = json::parse(text, nullptr, false);
+    JsonText parsed = parse_json_text(text);
+    json &j = parsed.value;
+    if (!j.is_discarded() && parsed.duplicate_key) {
+        return Error(fmt::format("'{}': JSON parse error, duplicate key", record_path(dir)));
+    }
     if (j.is_discarded() || !j.is_object() || !j.contains("format") ||
         j["format"] != kParkedVmFormat) {
         return Error(fmt::format("'{}' is not a parked VM record", record_path(dir)));

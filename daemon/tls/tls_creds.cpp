@@ -1,6 +1,8 @@
 // TLS credentials (tls-creds-x509) and authz-list objects: loading and checking them.
 #include "daemon/tls/tls_creds.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <fnmatch.h>
@@ -154,6 +156,17 @@ const QapiType kObject = [] {
     return t;
 }();
 
+// QEMU's id_wellformed(): a letter, then letters, digits, '-', '.', '_'.
+bool qom_id_valid(const std::string &id)
+{
+    if (id.empty() || !std::isalpha(static_cast<unsigned char>(id[0]))) {
+        return false;
+    }
+    return std::all_of(id.begin(), id.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+    });
+}
+
 Status check_object(const json &args)
 {
     if (!args.is_object()) {
@@ -162,13 +175,15 @@ Status check_object(const json &args)
     if (args.contains("qom-type") && args["qom-type"].is_string()) {
         const std::string &type = args["qom-type"].get_ref<const std::string &>();
         if (type != "authz-list" && type != "tls-creds-x509") {
-            return Error(fmt::format("Invalid parameter '{}' (qmigd has tls-creds-x509 and "
-                                     "authz-list)",
-                                     type));
+            return Error(
+                fmt::format("Parameter 'qom-type' does not accept value '{}'", type));
         }
     }
     if (auto e = qapi_check(args, kObject, "", "")) {
         return Error(e->desc);
+    }
+    if (!qom_id_valid(args["id"].get_ref<const std::string &>())) {
+        return Error("Parameter 'id' expects an identifier");
     }
     return {};
 }

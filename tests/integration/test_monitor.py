@@ -72,6 +72,17 @@ SCRIPT = [
     ('{"execute": "migrate", "arguments": {"detach": 5, "uri": 5}}', "desc"),
     ('{"execute": "object-del", "arguments": {"id": 5}}', "desc"),
     ('{"execute": "getfd", "arguments": {"fdname": 5, "x": 1}}', "desc"),
+    # A duplicate key refuses the whole text (nlohmann::json kept the last),
+    # at any depth; QEMU then changes nothing.
+    ('{"execute": "migrate-set-parameters", "arguments": {"max-bandwidth": "x", "max-bandwidth": 7777}}', "desc"),
+    ('{"execute": "migrate-set-capabilities", "arguments": {"capabilities": [{"capability": "events", "state": "x", "state": true}]}}', "desc"),
+    ('{"execute": "query-status", "execute": "query-version"}', "desc"),
+    # A daemon has no CPU, as QEMU with -M none.
+    ('{"execute": "human-monitor-command", "arguments": {"command-line": "info status", "cpu-index": 0}}', "desc"),
+    # QOM ids are identifiers; an unknown type in QEMU's words.
+    ('{"execute": "object-add", "arguments": {"qom-type": "authz-list", "id": "1a"}}', "desc"),
+    ('{"execute": "object-add", "arguments": {"qom-type": "authz-list", "id": ""}}', "desc"),
+    ('{"execute": "object-add", "arguments": {"qom-type": "nope", "id": "a"}}', "desc"),
     ('{"execute": "migrate-set-parameters", "arguments": {"multifd-channels": 4, "zero-page-detection": "legacy", "max-bandwidth": 1000000000, "downtime-limit": 500}}', "value"),
     ('{"execute": "migrate-set-parameters", "arguments": {"max-bandwidth": -1}}', "value"),
     ('{"execute": "migrate-set-parameters", "arguments": {"max-bandwidth": 1000000000}}', "value"),

@@ -157,6 +157,14 @@ def test_record_of_wrong_types_refused():
     with open(os.path.join(bad, "vm.json"), "w") as f:
         f.write('{"format": "qmigd-parked-vm", ')
     source_start(bad, "is not a parked VM record")
+    # A repeated key is refused, not read as its last value.
+    dup = copy_parked("dup-key")
+    path = os.path.join(dup, "vm.json")
+    with open(path) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write('{"format": "x", ' + text.lstrip()[1:])
+    source_start(dup, "JSON parse error, duplicate key")
 
 
 @test

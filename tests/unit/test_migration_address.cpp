@@ -41,6 +41,30 @@ TEST_CASE("migration URIs: tcp and unix, QEMU's errors", "[daemon][io]")
           "UNIX socket path '" + std::string(108, 'p') + "' is too long");
 }
 
+TEST_CASE("tcp: hosts as QEMU's inet_parse() reads them", "[daemon][io]")
+{
+    // An empty bracket is no host (QEMU: "error parsing IPv6 address"),
+    // not every interface; a bare IPv6 address is not a host either.
+    CHECK_FALSE(parse_socket_uri("tcp:[]:0"));
+    CHECK(parse_socket_uri("tcp:[]:0").error().message() ==
+          "error parsing IPv6 address '[]:0'");
+    CHECK_FALSE(parse_socket_uri("tcp:::1:0"));
+    CHECK_FALSE(parse_socket_uri("tcp:[::1:0"));
+    CHECK_FALSE(parse_socket_uri("tcp:" + std::string(65, 'h') + ":0"));
+    CHECK(parse_socket_uri("tcp:" + std::string(64, 'h') + ":0"));
+    CHECK_FALSE(parse_socket_uri("tcp:h:+1"));
+    auto a = parse_socket_uri("tcp::0");
+    REQUIRE(a);
+    CHECK(a->host.empty());
+    // A channel's InetSocketAddress takes a bare IPv6 host.
+    auto list = nlohmann::json::parse(R"([{"channel-type":"main","addr":{"transport":"socket",
+        "type":"inet","host":"::1","port":"4444"}}])");
+    auto c = migration_channels_address(list, false);
+    REQUIRE(c);
+    CHECK(c->socket.host == "::1");
+    CHECK(c->socket.port == 4444);
+}
+
 TEST_CASE("migration URIs: exec, and multifd needs a multi-channel transport", "[daemon][io]")
 {
     auto a = parse_migration_uri("exec:gzip -dc < /x.gz");
