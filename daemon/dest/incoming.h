@@ -25,6 +25,7 @@
 #include "daemon/channel.h"
 #include "daemon/loop_dispatcher.h"
 #include "daemon/migration_status.h"
+#include "daemon/dest/incoming_attempt.h"
 #include "daemon/dest/incoming_params.h"
 #include "daemon/dest/mapped_ram_load.h"
 #include "daemon/dest/multifd_recv.h"
@@ -66,7 +67,7 @@ public:
     // query-migrate body.
     nlohmann::json query() const;
     // The run state the source sent in globalstate (after completion).
-    const std::string &runstate() const { return runstate_; }
+    const std::string &runstate() const { return run_->runstate_; }
     // migrate-pause in postcopy: the main channel is shut down and the
     // load pauses as for a broken link.
     void pause();
@@ -80,13 +81,6 @@ private:
     {
         return status_ == MigrationStatus::Active || migration_in_postcopy(status_);
     }
-
-    // A classified channel: the bytes read to tell what it is (the main
-    // channel's stream starts with them) and the channel itself.
-    struct Accepted {
-        std::unique_ptr<Channel> ch;
-        std::vector<uint8_t> prefix;
-    };
 
     void on_prefix(PendingConnection *c, const Error *err);
     // Takes a classified connection: the main channel or a multifd one
@@ -148,7 +142,7 @@ private:
     bool take_recovered(PendingConnection *c);
     // The main channel the load thread reads now (main_'s, or the last
     // recovery's).
-    Channel *current_main() REQUIRES(recover_mu_);
+    Channel *current_main() REQUIRES(run_->recover_mu_);
     // Park mode. Load thread: creates the announced blocks' images.
     Status park_announce(const std::vector<RamBlockDesc> &descs);
     // Load thread: the blocks park_announce() made go to the daemon's list
@@ -164,6 +158,10 @@ private:
     void park_discard();
     // Any thread: record the first error and wake every thread.
     void abort_with(const Error &err);
+    // Any thread: runs fn on the loop unless this object is gone by then
+    // (the daemon quits: the dispatcher may still run what the threads
+    // posted before the destructor joined them).
+    void post_to_loop(std::function<void()> fn);
 
     uv_loop_t *loop_;
     LoopDispatcher &dispatcher_;
@@ -199,85 +197,16 @@ private:
     uint64_t tls_failed_logged_ms_ = 0; // uv_now() of the last failed-handshake line
     uint64_t tls_failed_quiet_ = 0;     // failures not logged since
     uint64_t generation_ = 0; // a new migrate-incoming or cleanup: late results are dropped
-    std::string runstate_ = "inmigrate";
-    std::string error_desc_;
-    bool cancel_requested_ = false;
-    std::thread load_thread_;
-    // The parked VM once complete (query): the load thread hands it over
-    // with finish().
-    std::optional<ParkedVm> parked_;
-
-    // Written by the loop before the load thread starts (start(), setup's
-    // channels, maybe_start()), read-only while the migration threads run
-    // (abort_with() reads them from any thread), reset by the loop once
-    // they are joined (cleanup_channels()). params_ is also read by the
-    // handshake threads (tls_identify()): it changes only at start().
+    // Written by the loop at start() only; read by the migration threads
+    // while they run and by the handshake threads (tls_identify()).
     IncomingParams params_;
-    std::shared_ptr<CommandChild> child_; // exec: the command
-    std::optional<Accepted> main_;
-    MappedRamFileIn file_in_; // mapped-ram: main_'s file, and O_DIRECT fds
-    std::vector<std::optional<Accepted>> multifd_;
-    LoadvmConfig load_cfg_;
-    std::unique_ptr<MultifdRecvSync> sync_;
-
-    // Load thread only (started and joined by it).
-    std::vector<std::thread> recv_threads_;
-    // The return path, once the stream opened it: the load thread's only
-    // (pongs, then the SHUT); rp_open_ tells abort_with() from any thread.
-    std::unique_ptr<ReturnPathOut> rp_;
-
-    // Shared with the migration threads.
-    Mutex err_mu_;
-    std::optional<Error> thread_error_ GUARDED_BY(err_mu_);
-    std::atomic<bool> loading_done_{false};
-    std::atomic<bool> rp_open_{false};
-    // Every write rp_ makes; abort_with() ends one a source never reads.
-    PeerWriteGuard rp_writes_;
-    // The package's LISTEN came: from now on a broken channel, the preempt
-    // channel's included, pauses instead of failing.
-    std::atomic<bool> postcopy_listening_{false};
-    // Park mode: the load thread makes the blocks, hands them to the loop
-    // (blocks_handed_), fills park_descs_ once, then sets park_ready_;
-    // receive threads wait for it before their first packet (a multifd
-    // packet can overtake the ram START section).
-    Mutex park_mu_;
-    std::condition_variable park_cv_;
-    bool park_ready_ GUARDED_BY(park_mu_) = false;
-    bool park_abort_ GUARDED_BY(park_mu_) = false;
-    bool blocks_handed_ GUARDED_BY(park_mu_) = false;
-    // Written under park_mu_ by the load thread before park_ready_, read
-    // without it after (packet_blocks() returns it once park_ready_ is seen).
-    std::vector<RamBlockDesc> park_descs_;
-
-    // The preempt channel: taken on the loop, read by its thread, ended by
-    // the load thread (or cleanup); all three under preempt_mu_.
-    Mutex preempt_mu_;
-    std::condition_variable preempt_cv_; // preempt_done_ set
-    std::unique_ptr<Channel> preempt_ GUARDED_BY(preempt_mu_);
-    bool preempt_ended_ GUARDED_BY(preempt_mu_) = false;    // shut down here
-    bool preempt_draining_ GUARDED_BY(preempt_mu_) = false; // the main stream ended
-    bool preempt_done_ GUARDED_BY(preempt_mu_) = false;     // the reader returned
-    bool preempt_used_ GUARDED_BY(preempt_mu_) = false;     // a byte came on it
-    bool pause_requested_ GUARDED_BY(preempt_mu_) = false;  // migrate-pause not yet acted on
-    std::thread preempt_thread_ GUARDED_BY(preempt_mu_);
-
-    // Postcopy recovery's hand-over, loop thread to load thread.
-    Mutex recover_mu_;
-    std::condition_variable recover_cv_;
-    // The main channel since the last recovery (main_'s, shut down, stays
-    // open until cleanup); `recover_new_`: the load thread has not taken it.
-    std::unique_ptr<Channel> recovered_ GUARDED_BY(recover_mu_);
-    bool recover_new_ GUARDED_BY(recover_mu_) = false;
-    bool recover_abort_ GUARDED_BY(recover_mu_) = false;
-    // With postcopy-ram, one per block, made once the blocks are known and
-    // before pages come (maybe_start() on the loop, or park_announce() on
-    // the load thread before park_ready_), then read by the load and
-    // preempt threads: what a recovery tells the source we have.
-    std::vector<std::unique_ptr<ReceivedBitmap>> received_;
-
-    std::atomic<uint64_t> normal_pages_{0};
-    std::atomic<uint64_t> zero_pages_{0};
-    std::atomic<uint64_t> bytes_{0};
+    // The current (or last) attempt: a new migrate-incoming makes a new
+    // one once the previous one's threads are joined, so nothing per run
+    // is reset by hand. Loop thread writes the pointer; the migration
+    // threads use the object it points to while they run.
+    std::shared_ptr<IncomingAttempt> run_ = std::make_shared<IncomingAttempt>();
+    // Expires with this object: what post_to_loop() checks on the loop.
+    std::shared_ptr<const bool> alive_ = std::make_shared<const bool>(true);
 };
 
 } // namespace qmigd

@@ -72,7 +72,7 @@ static Status receive_packet(ChannelReader &in, RamImage &img, const MultiFDPack
 
 void IncomingMigration::recv_thread_main(size_t id)
 {
-    ChannelReader in(multifd_[id]->ch->fd(), multifd_[id]->ch->tls());
+    ChannelReader in(run_->multifd_[id]->ch->fd(), run_->multifd_[id]->ch->tls());
     uint8_t header[MULTIFD_PACKET_HEADER_SIZE];
     RecvChannelState ch;
     const MultiFDMethod &method = multifd_method(params_.compression);
@@ -88,7 +88,7 @@ void IncomingMigration::recv_thread_main(size_t id)
     while (st) {
         auto got = in.read(header, sizeof(header));
         if (!got || *got == 0) {
-            if (!got && !loading_done_) {
+            if (!got && !run_->loading_done_) {
                 st = got.status();
             }
             break; // EOF at a packet boundary: the source is done with us
@@ -105,17 +105,17 @@ void IncomingMigration::recv_thread_main(size_t id)
         if (!st) {
             break;
         }
-        normal_pages_.fetch_add(p->normal_pages, std::memory_order_relaxed);
-        zero_pages_.fetch_add(p->zero_pages, std::memory_order_relaxed);
-        bytes_.fetch_add(sizeof(header) + p->data_bytes(), std::memory_order_relaxed);
-        if (p->is_sync() && !sync_->channel_sync(id)) {
+        run_->normal_pages_.fetch_add(p->normal_pages, std::memory_order_relaxed);
+        run_->zero_pages_.fetch_add(p->zero_pages, std::memory_order_relaxed);
+        run_->bytes_.fetch_add(sizeof(header) + p->data_bytes(), std::memory_order_relaxed);
+        if (p->is_sync() && !run_->sync_->channel_sync(id)) {
             break;
         }
     }
     if (!st) {
         abort_with(Error(st.error()).prepend(fmt::format("multifd channel {}: ", id)));
     }
-    sync_->channel_closed(id);
+    run_->sync_->channel_closed(id);
 }
 
 Status IncomingMigration::park_announce(const std::vector<RamBlockDesc> &descs)
@@ -143,15 +143,15 @@ Status IncomingMigration::park_announce(const std::vector<RamBlockDesc> &descs)
                  params_.park_dir);
     if (params_.postcopy_ram) {
         for (const auto &b : blocks_) {
-            received_.push_back(std::make_unique<ReceivedBitmap>(b.image->pages()));
+            run_->received_.push_back(std::make_unique<ReceivedBitmap>(b.image->pages()));
         }
     }
     {
-        MutexLock lk(park_mu_);
-        park_descs_ = descs;
-        park_ready_ = true;
+        MutexLock lk(run_->park_mu_);
+        run_->park_descs_ = descs;
+        run_->park_ready_ = true;
     }
-    park_cv_.notify_all();
+    run_->park_cv_.notify_all();
     return {};
 }
 
@@ -161,21 +161,21 @@ Status IncomingMigration::park_announce(const std::vector<RamBlockDesc> &descs)
 Status IncomingMigration::hand_over_blocks(std::vector<RAMBlock> made)
 {
     auto holder = std::make_shared<std::vector<RAMBlock>>(std::move(made));
-    dispatcher_.post([this, holder] {
+    post_to_loop([this, holder, run = run_] {
         for (auto &b : *holder) {
             blocks_.push_back(std::move(b));
         }
         {
-            MutexLock lk(park_mu_);
-            blocks_handed_ = true;
+            MutexLock lk(run->park_mu_);
+            run->blocks_handed_ = true;
         }
-        park_cv_.notify_all();
+        run->park_cv_.notify_all();
     });
-    MutexLock lk(park_mu_);
-    while (!blocks_handed_ && !park_abort_) {
-        lk.wait(park_cv_);
+    MutexLock lk(run_->park_mu_);
+    while (!run_->blocks_handed_ && !run_->park_abort_) {
+        lk.wait(run_->park_cv_);
     }
-    if (!blocks_handed_) {
+    if (!run_->blocks_handed_) {
         return Error("aborted while the parked blocks were handed to the loop");
     }
     return {};
@@ -183,14 +183,14 @@ Status IncomingMigration::hand_over_blocks(std::vector<RAMBlock> made)
 
 const std::vector<RamBlockDesc> *IncomingMigration::packet_blocks()
 {
-    if (!load_cfg_.park) {
-        return &load_cfg_.blocks;
+    if (!run_->load_cfg_.park) {
+        return &run_->load_cfg_.blocks;
     }
-    MutexLock lk(park_mu_);
-    while (!park_ready_ && !park_abort_) {
-        lk.wait(park_cv_);
+    MutexLock lk(run_->park_mu_);
+    while (!run_->park_ready_ && !run_->park_abort_) {
+        lk.wait(run_->park_cv_);
     }
-    return park_abort_ ? nullptr : &park_descs_;
+    return run_->park_abort_ ? nullptr : &run_->park_descs_;
 }
 
 Result<ParkedVm> IncomingMigration::park_finish(LoadvmResult &result)
@@ -200,7 +200,7 @@ Result<ParkedVm> IncomingMigration::park_finish(LoadvmResult &result)
     vm.machine_type = result.machine_type;
     vm.uuid = result.uuid;
     vm.ram_section_id = result.ram_section_id;
-    for (const auto &d : park_descs_) {
+    for (const auto &d : run_->park_descs_) {
         vm.blocks.push_back({d.idstr, d.used_length});
     }
     vm.device_state = std::move(result.device_state);
@@ -224,45 +224,48 @@ void IncomingMigration::park_discard()
         ::unlink(parked_block_path(params_.park_dir, i, blocks_[i].desc.idstr).c_str());
     }
     blocks_.clear();
-    parked_.reset();
+    run_->parked_.reset();
 }
 
 void IncomingMigration::load_thread_main()
 {
-    for (size_t i = 0; i < multifd_.size(); i++) {
-        recv_threads_.emplace_back([this, i] {
+    for (size_t i = 0; i < run_->multifd_.size(); i++) {
+        run_->recv_threads_.emplace_back([this, i] {
             set_thread_name("mig/dst/recv_" + std::to_string(i));
             recv_thread_main(i);
         });
     }
-    FdInputStream in(main_->ch->fd(), main_->prefix, main_->ch->tls());
+    FdInputStream in(run_->main_->ch->fd(), run_->main_->prefix, run_->main_->ch->tls());
     QEMUFileReader f(in, 256 * 1024);
     ImageLoadHandler::Announce announce;
-    if (load_cfg_.park) {
+    if (run_->load_cfg_.park) {
         announce = [this](const std::vector<RamBlockDesc> &d) { return park_announce(d); };
     }
-    ImageLoadHandler handler(blocks_, sync_.get(), params_.mapped_ram ? &file_in_ : nullptr,
-                             std::move(announce), [this] { return open_return_path(); }, rp_);
+    ImageLoadHandler handler(blocks_, run_->sync_.get(), params_.mapped_ram ? &run_->file_in_ : nullptr,
+                             std::move(announce), [this] { return open_return_path(); }, run_->rp_);
     watch_postcopy(handler);
-    LoadvmSession session(load_cfg_, handler);
+    LoadvmSession session(run_->load_cfg_, handler);
     auto result = load_postcopy(session, handler, session.load(f));
     std::optional<ParkedVm> parked = end_stream(result, handler);
-    bytes_.fetch_add(f.pos(), std::memory_order_relaxed);
+    run_->bytes_.fetch_add(f.pos(), std::memory_order_relaxed);
     end_channels(result, handler);
     std::optional<Error> err;
     {
-        MutexLock lk(err_mu_);
-        err = thread_error_;
+        MutexLock lk(run_->err_mu_);
+        err = run_->thread_error_;
     }
-    if (rp_) {
+    if (run_->rp_) {
         // The verdict, once everything is loaded (and a parked VM durable):
         // QEMU's migration_incoming_state_destroy().
-        rp_->shut(!result || err);
-        rp_.reset();
+        run_->rp_->shut(!result || err);
+        run_->rp_.reset();
     }
     std::string runstate = result ? result->runstate : "inmigrate";
-    dispatcher_.post([this, err, runstate, parked = std::move(parked)]() mutable {
-        parked_ = std::move(parked);
+    post_to_loop([this, err, runstate, parked = std::move(parked), run = run_]() mutable {
+        if (run != run_) {
+            return; // not this attempt's end (start() waits for it: never)
+        }
+        run_->parked_ = std::move(parked);
         finish(err, runstate);
     });
 }
@@ -270,15 +273,15 @@ void IncomingMigration::load_thread_main()
 // The stream's OPEN_RETURN_PATH.
 Status IncomingMigration::open_return_path()
 {
-    auto rp = ReturnPathOut::open(main_->ch->fd(), main_->ch->tls(), rp_writes_);
+    auto rp = ReturnPathOut::open(run_->main_->ch->fd(), run_->main_->ch->tls(), run_->rp_writes_);
     QMIGD_TRY(rp);
-    rp_ = std::move(*rp);
-    rp_open_ = true; // abort_with() leaves its write side open from now on
+    run_->rp_ = std::move(*rp);
+    run_->rp_open_ = true; // abort_with() leaves its write side open from now on
     if (params_.switchover_ack) {
         // loadvm_process_command(): no device needs to hold the
         // switchover, so the ack goes as soon as the return path opens.
         spdlog::info("incoming migration: switchover acknowledged");
-        return rp_->switchover_ack();
+        return run_->rp_->switchover_ack();
     }
     return {};
 }
@@ -288,8 +291,8 @@ Status IncomingMigration::open_return_path()
 void IncomingMigration::watch_postcopy(ImageLoadHandler &handler)
 {
     if (params_.postcopy_ram) {
-        handler.set_postcopy(&received_, [this] {
-            dispatcher_.post([this] {
+        handler.set_postcopy(&run_->received_, [this] {
+            post_to_loop([this] {
                 if (status_ == MigrationStatus::PostcopyRecover) {
                     set_status(MigrationStatus::PostcopyActive);
                 }
@@ -297,10 +300,10 @@ void IncomingMigration::watch_postcopy(ImageLoadHandler &handler)
         });
     }
     handler.set_on_listen([this] {
-        postcopy_listening_ = true;
+        run_->postcopy_listening_ = true;
         spdlog::info("incoming migration: postcopy: the device state is in, the rest of RAM "
                      "follows");
-        dispatcher_.post([this] {
+        post_to_loop([this] {
             if (status_ == MigrationStatus::Active) {
                 set_status(MigrationStatus::PostcopyActive);
             }
@@ -318,7 +321,7 @@ Result<LoadvmResult> IncomingMigration::load_postcopy(LoadvmSession &session,
     std::unique_ptr<QEMUFileReader> rf;
     for (;;) {
         while (!result && session.in_postcopy()) {
-            bytes_.fetch_add(rf ? rf->pos() : 0, std::memory_order_relaxed);
+            run_->bytes_.fetch_add(rf ? rf->pos() : 0, std::memory_order_relaxed);
             (void)handler.flush(); // whole pages read so far count as received
             auto ch = postcopy_pause_incoming(result.error());
             if (!ch) {
@@ -327,12 +330,12 @@ Result<LoadvmResult> IncomingMigration::load_postcopy(LoadvmSession &session,
             }
             rin = std::make_unique<FdInputStream>((*ch)->fd(), std::vector<uint8_t>{}, nullptr);
             rf = std::make_unique<QEMUFileReader>(*rin, 256 * 1024);
-            auto rp = ReturnPathOut::open((*ch)->fd(), nullptr, rp_writes_);
+            auto rp = ReturnPathOut::open((*ch)->fd(), nullptr, run_->rp_writes_);
             if (!rp) {
                 result = rp.error();
                 break;
             }
-            rp_ = std::move(*rp);
+            run_->rp_ = std::move(*rp);
             result = session.resume(*rf);
         }
         // The preempt channel's pages are in once its reader ends: at the
@@ -345,7 +348,7 @@ Result<LoadvmResult> IncomingMigration::load_postcopy(LoadvmSession &session,
         result = Error("paused by migrate-pause before the postcopy preempt channel's end marker");
     }
     if (rf) {
-        bytes_.fetch_add(rf->pos(), std::memory_order_relaxed);
+        run_->bytes_.fetch_add(rf->pos(), std::memory_order_relaxed);
     }
     return result;
 }
@@ -361,7 +364,7 @@ std::optional<ParkedVm> IncomingMigration::end_stream(Result<LoadvmResult> &resu
         }
     }
     std::optional<ParkedVm> parked;
-    if (result && load_cfg_.park) {
+    if (result && run_->load_cfg_.park) {
         auto vm = park_finish(*result);
         if (vm) {
             parked = std::move(*vm);
@@ -383,72 +386,72 @@ void IncomingMigration::end_channels(const Result<LoadvmResult> &result,
                      uuid_to_string(*result->uuid));
     }
     if (result) {
-        normal_pages_.fetch_add(result->normal_pages + handler.file_counts().normal);
-        zero_pages_.fetch_add(result->zero_pages + handler.file_counts().zero);
+        run_->normal_pages_.fetch_add(result->normal_pages + handler.file_counts().normal);
+        run_->zero_pages_.fetch_add(result->zero_pages + handler.file_counts().zero);
         // Everything the channels carry precedes the last flush; whatever
         // they do now cannot change the outcome.
-        loading_done_ = true;
-        if (sync_) {
-            sync_->abort();
+        run_->loading_done_ = true;
+        if (run_->sync_) {
+            run_->sync_->abort();
         }
-        for (const auto &ch : multifd_) {
+        for (const auto &ch : run_->multifd_) {
             ch->ch->shutdown();
         }
     } else {
         abort_with(result.error());
     }
-    for (auto &t : recv_threads_) {
+    for (auto &t : run_->recv_threads_) {
         t.join();
     }
-    recv_threads_.clear();
+    run_->recv_threads_.clear();
 }
 
 void IncomingMigration::abort_with(const Error &err)
 {
     {
-        MutexLock lk(park_mu_);
-        park_abort_ = true;
+        MutexLock lk(run_->park_mu_);
+        run_->park_abort_ = true;
     }
-    park_cv_.notify_all();
+    run_->park_cv_.notify_all();
     {
-        MutexLock lk(recover_mu_);
-        recover_abort_ = true;
+        MutexLock lk(run_->recover_mu_);
+        run_->recover_abort_ = true;
     }
-    recover_cv_.notify_all();
+    run_->recover_cv_.notify_all();
     {
-        MutexLock lk(err_mu_);
-        if (!thread_error_) {
-            thread_error_ = err;
+        MutexLock lk(run_->err_mu_);
+        if (!run_->thread_error_) {
+            run_->thread_error_ = err;
         }
     }
-    if (sync_) {
-        sync_->abort();
+    if (run_->sync_) {
+        run_->sync_->abort();
     }
     // Wake threads blocked in read(); fds stay open until finish(). A
     // pipe cannot be shut down: its writer, the exec: command, goes. With
     // a return path the main socket's write side stays open for the SHUT,
     // unless the load thread is blocked writing it (a source that does not
     // read): rp_writes_ ends that write and bounds the SHUT's.
-    if (main_) {
-        MutexLock lk(recover_mu_);
+    if (run_->main_) {
+        MutexLock lk(run_->recover_mu_);
         Channel *ch = current_main();
-        if (rp_open_) {
+        if (run_->rp_open_) {
             ::shutdown(ch->fd(), SHUT_RD);
-            rp_writes_.abort();
+            run_->rp_writes_.abort();
         } else {
             ch->shutdown();
         }
     }
-    if (child_) {
-        child_->terminate(); // set before the threads started, reset after
+    if (run_->child_) {
+        run_->child_->terminate(); // set before the threads started, reset after
     }
     {
-        MutexLock lk(preempt_mu_);
-        if (preempt_) {
-            preempt_->shutdown();
+        MutexLock lk(run_->preempt_mu_);
+        if (run_->preempt_) {
+            run_->preempt_->shutdown();
         }
     }
-    for (const auto &ch : multifd_) {
+    for (const auto &ch : run_->multifd_) {
         if (ch) {
             ch->ch->shutdown();
         }

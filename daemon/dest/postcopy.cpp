@@ -19,11 +19,11 @@ namespace qmigd {
 
 bool IncomingMigration::take_preempt(PendingConnection *c)
 {
-    if (!params_.postcopy_preempt || !main_ || !loading()) {
+    if (!params_.postcopy_preempt || !run_->main_ || !loading()) {
         return false;
     }
-    MutexLock lk(preempt_mu_);
-    if (preempt_ended_ || preempt_) {
+    MutexLock lk(run_->preempt_mu_);
+    if (run_->preempt_ended_ || run_->preempt_) {
         return false; // a stranger, as any other connection
     }
     auto fd = c->take();
@@ -31,9 +31,9 @@ bool IncomingMigration::take_preempt(PendingConnection *c)
         return true;
     }
     set_link_timeout(*fd, params_.link_timeout_ms);
-    preempt_ = std::make_unique<Channel>(UniqueFd(*fd));
-    preempt_done_ = preempt_used_ = false;
-    preempt_thread_ = std::thread([this, ch = preempt_.get(), generation = generation_] {
+    run_->preempt_ = std::make_unique<Channel>(UniqueFd(*fd));
+    run_->preempt_done_ = run_->preempt_used_ = false;
+    run_->preempt_thread_ = std::thread([this, ch = run_->preempt_.get(), generation = generation_] {
         set_thread_name("mig/dst/preempt");
         preempt_thread_main(ch, generation);
     });
@@ -53,10 +53,10 @@ void IncomingMigration::preempt_thread_main(Channel *ch, uint64_t generation)
         preempt_failed(st.error(), generation);
     }
     {
-        MutexLock lk(preempt_mu_);
-        preempt_done_ = true;
+        MutexLock lk(run_->preempt_mu_);
+        run_->preempt_done_ = true;
     }
-    preempt_cv_.notify_all(); // Pairs with the wait in end_preempt()
+    run_->preempt_cv_.notify_all(); // Pairs with the wait in end_preempt()
 }
 
 Status IncomingMigration::preempt_load(Channel *ch)
@@ -76,8 +76,8 @@ Status IncomingMigration::preempt_load(Channel *ch)
     while (poll(&pfd, 1, -1) < 0 && errno == EINTR) {
     }
     if (bytes_queued(ch->fd()) > 0) {
-        MutexLock lk(preempt_mu_);
-        preempt_used_ = true; // the source sends on it: end_preempt() drains it
+        MutexLock lk(run_->preempt_mu_);
+        run_->preempt_used_ = true; // the source sends on it: end_preempt() drains it
     }
     FdInputStream in(ch->fd(), {}, nullptr);
     QEMUFileReader f(in, 64 * 1024);
@@ -86,14 +86,14 @@ Status IncomingMigration::preempt_load(Channel *ch)
         blocks_, nullptr, nullptr, {},
         [] { return Status(Error("OPEN_RETURN_PATH on the preempt channel")); }, no_rp);
     if (params_.postcopy_ram) {
-        handler.set_postcopy(&received_, {});
+        handler.set_postcopy(&run_->received_, {});
     }
     auto r = qemu_load_preempt_channel(f, cfg, handler);
     Status st = handler.flush(); // whole pages read before an error count too
-    bytes_.fetch_add(f.pos(), std::memory_order_relaxed);
+    run_->bytes_.fetch_add(f.pos(), std::memory_order_relaxed);
     if (r) {
-        normal_pages_.fetch_add(r->normal_pages);
-        zero_pages_.fetch_add(r->zero_pages);
+        run_->normal_pages_.fetch_add(r->normal_pages);
+        run_->zero_pages_.fetch_add(r->zero_pages);
         spdlog::info("incoming migration: postcopy preempt channel: the source's end marker");
     }
     return r ? st : r.status();
@@ -112,9 +112,9 @@ void IncomingMigration::preempt_failed(const Error &err, uint64_t generation)
     Error why = Error(err).prepend("postcopy preempt channel: ");
     bool ended, fail;
     {
-        MutexLock lk(preempt_mu_);
-        ended = preempt_ended_;
-        fail = !postcopy_listening_ || preempt_draining_;
+        MutexLock lk(run_->preempt_mu_);
+        ended = run_->preempt_ended_;
+        fail = !run_->postcopy_listening_ || run_->preempt_draining_;
     }
     if (ended) {
         spdlog::debug("incoming migration: {} (ended here)", why.message());
@@ -125,7 +125,7 @@ void IncomingMigration::preempt_failed(const Error &err, uint64_t generation)
         return;
     }
     spdlog::error("incoming migration: {}: pausing the postcopy", why.message());
-    dispatcher_.post([this, generation] {
+    post_to_loop([this, generation] {
         if (generation == generation_ && (status_ == MigrationStatus::PostcopyActive ||
                                           status_ == MigrationStatus::PostcopyRecover)) {
             pause();
@@ -148,40 +148,40 @@ bool IncomingMigration::end_preempt(bool drain)
     std::thread t;
     bool paused = false;
     {
-        MutexLock lk(preempt_mu_);
-        if (drain && preempt_thread_.joinable() &&
-            (preempt_used_ || bytes_queued(preempt_->fd()) > 0)) {
-            preempt_draining_ = true;
+        MutexLock lk(run_->preempt_mu_);
+        if (drain && run_->preempt_thread_.joinable() &&
+            (run_->preempt_used_ || bytes_queued(run_->preempt_->fd()) > 0)) {
+            run_->preempt_draining_ = true;
             auto until = std::chrono::steady_clock::now() +
                          std::chrono::milliseconds(params_.link_timeout_ms);
-            while (!preempt_done_ && !pause_requested_) {
+            while (!run_->preempt_done_ && !run_->pause_requested_) {
                 if (!params_.link_timeout_ms) {
-                    lk.wait(preempt_cv_);
-                } else if (!lk.wait_until(preempt_cv_, until)) {
+                    lk.wait(run_->preempt_cv_);
+                } else if (!lk.wait_until(run_->preempt_cv_, until)) {
                     break;
                 }
             }
-            paused = !preempt_done_ && pause_requested_;
+            paused = !run_->preempt_done_ && run_->pause_requested_;
             if (paused) {
                 spdlog::info("incoming migration: paused while waiting for the postcopy preempt "
                              "channel's end marker");
-            } else if (!preempt_done_) {
+            } else if (!run_->preempt_done_) {
                 spdlog::warn("incoming migration: no end marker on the postcopy preempt "
                              "channel within {} ms: shut down",
                              params_.link_timeout_ms);
             }
         }
-        preempt_ended_ = true;
-        if (preempt_) {
-            preempt_->shutdown();
+        run_->preempt_ended_ = true;
+        if (run_->preempt_) {
+            run_->preempt_->shutdown();
         }
-        t = std::move(preempt_thread_);
+        t = std::move(run_->preempt_thread_);
     }
     if (t.joinable()) {
         t.join();
     }
-    MutexLock lk(preempt_mu_);
-    preempt_.reset(); // its reader is joined
+    MutexLock lk(run_->preempt_mu_);
+    run_->preempt_.reset(); // its reader is joined
     return paused;
 }
 
@@ -191,34 +191,34 @@ Result<Channel *> IncomingMigration::postcopy_pause_incoming(const Error &why)
 {
     spdlog::error("incoming migration: Detected IO failure for postcopy. Migration paused: {}",
                   why.message());
-    rp_.reset();
+    run_->rp_.reset();
     end_preempt();
     {
-        MutexLock lk(preempt_mu_);
-        preempt_ended_ = false; // the resumed source connects it again
-        preempt_draining_ = false;
-        pause_requested_ = false; // this is the pause
+        MutexLock lk(run_->preempt_mu_);
+        run_->preempt_ended_ = false; // the resumed source connects it again
+        run_->preempt_draining_ = false;
+        run_->pause_requested_ = false; // this is the pause
     }
-    dispatcher_.post([this] {
+    post_to_loop([this] {
         if (status_ == MigrationStatus::PostcopyActive ||
             status_ == MigrationStatus::PostcopyRecover) {
             set_status(MigrationStatus::PostcopyPaused);
         }
     });
-    MutexLock lk(recover_mu_);
-    while (!recover_new_ && !recover_abort_) {
-        lk.wait(recover_cv_);
+    MutexLock lk(run_->recover_mu_);
+    while (!run_->recover_new_ && !run_->recover_abort_) {
+        lk.wait(run_->recover_cv_);
     }
-    if (recover_abort_) {
+    if (run_->recover_abort_) {
         return Error(why).prepend("postcopy given up while paused: ");
     }
-    recover_new_ = false;
-    return recovered_.get();
+    run_->recover_new_ = false;
+    return run_->recovered_.get();
 }
 
 bool IncomingMigration::take_recovered(PendingConnection *c)
 {
-    if (status_ != MigrationStatus::PostcopyPaused || !main_) {
+    if (status_ != MigrationStatus::PostcopyPaused || !run_->main_) {
         return false;
     }
     auto fd = c->take();
@@ -231,12 +231,12 @@ bool IncomingMigration::take_recovered(PendingConnection *c)
     {
         // The previous recovery's channel goes (the load thread dropped
         // it when it paused); main_'s stays open, shut, until cleanup.
-        MutexLock lk(recover_mu_);
+        MutexLock lk(run_->recover_mu_);
         current_main()->shutdown();
-        recovered_ = std::make_unique<Channel>(UniqueFd(*fd));
-        recover_new_ = true;
+        run_->recovered_ = std::make_unique<Channel>(UniqueFd(*fd));
+        run_->recover_new_ = true;
     }
-    recover_cv_.notify_all();
+    run_->recover_cv_.notify_all();
     return true;
 }
 
@@ -278,19 +278,19 @@ void IncomingMigration::pause()
     {
         // The load thread may be past the main stream, waiting for the
         // preempt channel's end marker (end_preempt()): that wait ends too.
-        MutexLock lk(preempt_mu_);
-        pause_requested_ = true;
+        MutexLock lk(run_->preempt_mu_);
+        run_->pause_requested_ = true;
     }
-    preempt_cv_.notify_all();
-    if (main_) {
-        MutexLock lk(recover_mu_);
+    run_->preempt_cv_.notify_all();
+    if (run_->main_) {
+        MutexLock lk(run_->recover_mu_);
         current_main()->shutdown();
     }
 }
 
 Channel *IncomingMigration::current_main()
 {
-    return recovered_ ? recovered_.get() : main_->ch.get();
+    return run_->recovered_ ? run_->recovered_.get() : run_->main_->ch.get();
 }
 
 } // namespace qmigd
