@@ -19,7 +19,8 @@ namespace qmigd {
 
 IncomingMigration::IncomingMigration(uv_loop_t *loop, LoopDispatcher &dispatcher,
                                      std::vector<RAMBlock> &blocks, OnStatus on_status)
-    : loop_(loop), dispatcher_(dispatcher), blocks_(blocks), on_status_(std::move(on_status))
+    : loop_(loop), dispatcher_(dispatcher), blocks_(blocks), on_status_(std::move(on_status)),
+      run_(std::make_shared<IncomingAttempt>(static_cast<IncomingOwner &>(*this), params_, blocks_))
 {
 }
 
@@ -30,7 +31,7 @@ IncomingMigration::~IncomingMigration()
         run_->child_->kill_now(); // the daemon quits: so does the command, all of it
     }
     if (run_->load_thread_.joinable()) {
-        abort_with(Error("daemon shutting down"));
+        run_->abort_with(Error("daemon shutting down"));
         run_->load_thread_.join();
     }
     cleanup_channels();
@@ -68,10 +69,10 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
             return Error("A VM cannot be parked from a mapped-ram file");
         }
     }
-    end_preempt(); // a previous migration's, if any
+    run_->end_preempt(); // a previous migration's, if any
     // The previous attempt's threads are joined: a new one replaces it.
     params_ = params;
-    run_ = std::make_shared<IncomingAttempt>();
+    run_ = std::make_shared<IncomingAttempt>(static_cast<IncomingOwner &>(*this), params_, blocks_);
     // A mapped-ram file has no channels to accept: its readers are threads.
     bool sockets = addr.transport == MigrationAddress::Transport::Socket;
     run_->multifd_.resize(params.multifd && sockets ? params.channels : 0);
@@ -120,7 +121,7 @@ void IncomingMigration::cancel()
     run_->cancel_requested_ = true;
     spdlog::info("incoming migration: cancelled by migrate_cancel");
     if (loading()) {
-        abort_with(Error("migration cancelled")); // finish() reports it
+        run_->abort_with(Error("migration cancelled")); // finish() reports it
         return;
     }
     cleanup_channels(); // still listening: nothing else runs
@@ -174,9 +175,9 @@ void IncomingMigration::maybe_start()
         spdlog::info("incoming migration: main channel and {} multifd channels connected",
                      run_->multifd_.size());
     }
-    run_->load_thread_ = std::thread([this] {
+    run_->load_thread_ = std::thread([run = run_.get()] {
         set_thread_name("mig/dst/main");
-        load_thread_main();
+        run->load_thread_main();
     });
 }
 
@@ -205,6 +206,63 @@ void IncomingMigration::finish(std::optional<Error> err, std::string runstate)
                  "received",
                  run_->normal_pages_.load(), run_->zero_pages_.load(), run_->bytes_.load());
     set_status(MigrationStatus::Completed);
+}
+
+void IncomingMigration::post_end(std::weak_ptr<IncomingAttempt> run, std::optional<Error> err,
+                                 std::string runstate, std::optional<ParkedVm> parked)
+{
+    post_to_loop([this, run, err = std::move(err), runstate = std::move(runstate),
+                  parked = std::move(parked)]() mutable {
+        if (run.lock() != run_) {
+            return; // not the current attempt's end (start() joins first: never)
+        }
+        run_->parked_ = std::move(parked);
+        finish(err, runstate);
+    });
+}
+
+void IncomingMigration::post_status(std::weak_ptr<IncomingAttempt> run, MigrationStatus from,
+                                    MigrationStatus to)
+{
+    post_to_loop([this, run, from, to] {
+        if (run.lock() == run_ && status_ == from) {
+            set_status(to);
+        }
+    });
+}
+
+// blocks_ is the daemon's list, which the loop reads (a /metrics scrape
+// lists its blocks): the loop appends the new ones, and the load thread
+// reads the list once it has (blocks_arrived() under park_mu_ orders the two).
+void IncomingMigration::post_blocks(std::shared_ptr<IncomingAttempt> run,
+                                    std::vector<RAMBlock> made)
+{
+    auto holder = std::make_shared<std::vector<RAMBlock>>(std::move(made));
+    post_to_loop([this, run, holder] {
+        for (auto &b : *holder) {
+            blocks_.push_back(std::move(b));
+        }
+        run->blocks_arrived();
+    });
+}
+
+void IncomingMigration::post_pause(std::weak_ptr<IncomingAttempt> run)
+{
+    post_to_loop([this, run] {
+        if (run.lock() == run_ && (status_ == MigrationStatus::PostcopyActive ||
+                                   status_ == MigrationStatus::PostcopyRecover)) {
+            pause();
+        }
+    });
+}
+
+void IncomingMigration::park_discard()
+{
+    for (size_t i = 0; i < blocks_.size(); i++) {
+        ::unlink(parked_block_path(params_.park_dir, i, blocks_[i].desc.idstr).c_str());
+    }
+    blocks_.clear();
+    run_->parked_.reset();
 }
 
 nlohmann::json IncomingMigration::query() const

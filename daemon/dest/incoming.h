@@ -1,14 +1,13 @@
-// The destination side of a migration (QEMU's migration/migration.c
-// incoming path + savevm load + multifd receive threads).
+// The destination side of a migration, the loop's part (QEMU's
+// migration/migration.c incoming path): listen, classify channels, status,
+// query. Each migrate-incoming's channels and threads are an
+// IncomingAttempt (incoming_attempt.h), which reaches this object only
+// through IncomingOwner.
 //
 // Threads:
-//  - loop thread: listen, accept, classify channels, status, query.
-//  - load thread: reads the main channel (qemu_loadvm_state); it is the
-//    coordinator that joins the receive threads and reports the end.
-//  - one receive thread per multifd channel.
-//  - with postcopy-preempt, the preempt thread (postcopy.cpp).
+//  - loop thread: everything here.
+//  - the attempt's load, receive and preempt threads (incoming_attempt.h).
 //  - TLS handshake threads (TlsHandshakes), which read params_ only.
-// Any thread may call abort_with().
 #pragma once
 
 #include <atomic>
@@ -47,7 +46,7 @@ namespace qmigd {
 
 class ImageLoadHandler;
 
-class IncomingMigration {
+class IncomingMigration : private IncomingOwner {
 public:
     using OnStatus = std::function<void(MigrationStatus)>;
 
@@ -112,52 +111,23 @@ private:
     void cleanup_channels();
     void finish(std::optional<Error> err, std::string runstate);
 
-    // Load thread: load_thread_main() and its steps.
-    void load_thread_main();
-    Status open_return_path();
-    void watch_postcopy(ImageLoadHandler &handler);
-    Result<LoadvmResult> load_postcopy(LoadvmSession &session, ImageLoadHandler &handler,
-                                       Result<LoadvmResult> result);
-    std::optional<ParkedVm> end_stream(Result<LoadvmResult> &result, ImageLoadHandler &handler);
-    void end_channels(const Result<LoadvmResult> &result, ImageLoadHandler &handler);
-    void recv_thread_main(size_t id);
     // Postcopy preempt (QEMU's postcopy_preempt_new_channel()): with
     // postcopy-preempt, the first connection after the main channel is
     // taken at accept, by its order as QEMU does (it sends nothing until a
-    // page goes on it), and read by a thread of its own.
+    // page goes on it), and read by a thread of the attempt.
     bool take_preempt(PendingConnection *c);
-    // `generation`: the migration's when the channel was taken.
-    void preempt_thread_main(Channel *ch, uint64_t generation);
-    Status preempt_load(Channel *ch);
-    void preempt_failed(const Error &err, uint64_t generation);
-    // After the main stream (load thread, `drain`: the reader reads to the
-    // source's end marker first) or at cleanup (loop): wakes and joins the
-    // preempt reader; no preempt channel is taken after it. Returns true
-    // when a migrate-pause ended the drain before the end marker came.
-    bool end_preempt(bool drain = false);
-    // Postcopy recovery (QEMU's postcopy_pause_incoming()): the load thread
-    // waits for the new main channel (migrate-recover's first connection,
-    // taken by take_recovered() on the loop), or for the migration's end.
-    Result<Channel *> postcopy_pause_incoming(const Error &why);
+    // migrate-recover's first connection: the paused load's new main channel.
     bool take_recovered(PendingConnection *c);
-    // The main channel the load thread reads now (main_'s, or the last
-    // recovery's).
-    Channel *current_main() REQUIRES(run_->recover_mu_);
-    // Park mode. Load thread: creates the announced blocks' images.
-    Status park_announce(const std::vector<RamBlockDesc> &descs);
-    // Load thread: the blocks park_announce() made go to the daemon's list
-    // on the loop; returns once they are there (or the migration aborted).
-    Status hand_over_blocks(std::vector<RAMBlock> made);
-    // Receive threads: the block list to decode packets with (null once
-    // the migration is aborted).
-    const std::vector<RamBlockDesc> *packet_blocks();
-    // Load thread, after the stream: writes device state and record;
-    // returns the parked VM for the loop thread's query.
-    Result<ParkedVm> park_finish(LoadvmResult &result);
     // Loop thread, after a failed or cancelled park: its images go.
     void park_discard();
-    // Any thread: record the first error and wake every thread.
-    void abort_with(const Error &err);
+
+    // IncomingOwner: what the attempt's threads post to the loop.
+    void post_end(std::weak_ptr<IncomingAttempt> run, std::optional<Error> err,
+                  std::string runstate, std::optional<ParkedVm> parked) override;
+    void post_status(std::weak_ptr<IncomingAttempt> run, MigrationStatus from,
+                     MigrationStatus to) override;
+    void post_blocks(std::shared_ptr<IncomingAttempt> run, std::vector<RAMBlock> made) override;
+    void post_pause(std::weak_ptr<IncomingAttempt> run) override;
     // Any thread: runs fn on the loop unless this object is gone by then
     // (the daemon quits: the dispatcher may still run what the threads
     // posted before the destructor joined them).
@@ -166,7 +136,7 @@ private:
     uv_loop_t *loop_;
     LoopDispatcher &dispatcher_;
     // The daemon's blocks. The loop writes the list (a park's blocks are
-    // appended by hand_over_blocks()'s post, dropped by park_discard());
+    // appended by post_blocks(), dropped by park_discard());
     // the migration threads read it while they run, once it holds the
     // blocks they use (load_cfg_'s, or park_ready_'s).
     std::vector<RAMBlock> &blocks_;
@@ -204,7 +174,7 @@ private:
     // one once the previous one's threads are joined, so nothing per run
     // is reset by hand. Loop thread writes the pointer; the migration
     // threads use the object it points to while they run.
-    std::shared_ptr<IncomingAttempt> run_ = std::make_shared<IncomingAttempt>();
+    std::shared_ptr<IncomingAttempt> run_;
     // Expires with this object: what post_to_loop() checks on the loop.
     std::shared_ptr<const bool> alive_ = std::make_shared<const bool>(true);
 };

@@ -1,4 +1,4 @@
-// One incoming migration attempt's per-run state: its channels, threads, parking and counters.
+// IncomingAttempt: one migrate-incoming's channels, threads, parking and counters; IncomingOwner.
 //
 // IncomingMigration makes a new one at each migrate-incoming, once the
 // previous attempt's threads are joined: nothing per run is reset by hand.
@@ -13,26 +13,111 @@
 #include <vector>
 
 #include "daemon/channel.h"
+#include "daemon/dest/incoming_params.h"
 #include "daemon/dest/mapped_ram_load.h"
 #include "daemon/dest/multifd_recv.h"
 #include "daemon/dest/return_path.h"
 #include "daemon/io/command_channel.h"
-#include "daemon/park/parked_vm.h"
 #include "daemon/io/migration_socket.h"
+#include "daemon/migration_status.h"
+#include "daemon/park/parked_vm.h"
+#include "daemon/ram_blocks.h"
 #include "daemon/socket_io.h"
 #include "daemon/thread_safety.h"
+#include "protocol/error.h"
 #include "protocol/loadvm.h"
 #include "ramstate/received_bitmap.h"
 
 namespace qmigd {
 
-struct IncomingAttempt {
+class ImageLoadHandler;
+class IncomingAttempt;
+
+// What an attempt's threads ask of the loop (IncomingMigration), as the
+// source's MigrationThread asks MigrationOwner. Called from the attempt's
+// threads; each posts to the loop, where it applies only while `run` is
+// still the current attempt (and the owner still exists).
+class IncomingOwner {
+public:
+    // Load thread, last: the attempt ended (its other threads joined).
+    virtual void post_end(std::weak_ptr<IncomingAttempt> run, std::optional<Error> err,
+                          std::string runstate, std::optional<ParkedVm> parked) = 0;
+    // A status change, applied if the status is still `from` then.
+    virtual void post_status(std::weak_ptr<IncomingAttempt> run, MigrationStatus from,
+                             MigrationStatus to) = 0;
+    // Park mode: the blocks made go to the daemon's list; the owner then
+    // calls run->blocks_arrived() on the loop.
+    virtual void post_blocks(std::shared_ptr<IncomingAttempt> run,
+                             std::vector<RAMBlock> made) = 0;
+    // The preempt channel broke in postcopy: the whole load pauses, as
+    // for migrate-pause.
+    virtual void post_pause(std::weak_ptr<IncomingAttempt> run) = 0;
+
+protected:
+    ~IncomingOwner() = default;
+};
+
+struct IncomingAttempt : std::enable_shared_from_this<IncomingAttempt> {
+    // Loop thread: `params` are copied (the threads read them); `blocks`
+    // is the daemon's list (see IncomingMigration::blocks_).
+    IncomingAttempt(IncomingOwner &owner, const IncomingParams &params,
+                    std::vector<RAMBlock> &blocks)
+        : owner_(owner), params_(params), blocks_(blocks)
+    {
+    }
+    IncomingAttempt(const IncomingAttempt &) = delete;
+    IncomingAttempt &operator=(const IncomingAttempt &) = delete;
     // A classified channel: the bytes read to tell what it is (the main
     // channel's stream starts with them) and the channel itself.
     struct Accepted {
         std::unique_ptr<Channel> ch;
         std::vector<uint8_t> prefix;
     };
+
+    // Load thread: load_thread_main() and its steps.
+    void load_thread_main();
+    Status open_return_path();
+    void watch_postcopy(ImageLoadHandler &handler);
+    Result<LoadvmResult> load_postcopy(LoadvmSession &session, ImageLoadHandler &handler,
+                                       Result<LoadvmResult> result);
+    std::optional<ParkedVm> end_stream(Result<LoadvmResult> &result, ImageLoadHandler &handler);
+    void end_channels(const Result<LoadvmResult> &result, ImageLoadHandler &handler);
+    void recv_thread_main(size_t id);
+    // The preempt channel's reader (taken by the loop's take_preempt()).
+    void preempt_thread_main(Channel *ch);
+    Status preempt_load(Channel *ch);
+    void preempt_failed(const Error &err);
+    // After the main stream (load thread, `drain`: the reader reads to the
+    // source's end marker first) or at cleanup (loop): wakes and joins the
+    // preempt reader; no preempt channel is taken after it. Returns true
+    // when a migrate-pause ended the drain before the end marker came.
+    bool end_preempt(bool drain = false);
+    // Postcopy recovery (QEMU's postcopy_pause_incoming()): the load thread
+    // waits for the new main channel (migrate-recover's first connection,
+    // taken by take_recovered() on the loop), or for the migration's end.
+    Result<Channel *> postcopy_pause_incoming(const Error &why);
+    // The main channel the load thread reads now (main_'s, or the last
+    // recovery's).
+    Channel *current_main() REQUIRES(recover_mu_);
+    // Park mode. Load thread: creates the announced blocks' images.
+    Status park_announce(const std::vector<RamBlockDesc> &descs);
+    // Load thread: the blocks park_announce() made go to the daemon's list
+    // on the loop; returns once they are there (or the migration aborted).
+    Status hand_over_blocks(std::vector<RAMBlock> made);
+    // Loop thread: the owner appended them (post_blocks()).
+    void blocks_arrived();
+    // Receive threads: the block list to decode packets with (null once
+    // the migration is aborted).
+    const std::vector<RamBlockDesc> *packet_blocks();
+    // Load thread, after the stream: writes device state and record;
+    // returns the parked VM for the loop thread's query.
+    Result<ParkedVm> park_finish(LoadvmResult &result);
+    // Any thread: record the first error and wake every thread.
+    void abort_with(const Error &err);
+
+    IncomingOwner &owner_;
+    const IncomingParams params_; // set at construction, read-only
+    std::vector<RAMBlock> &blocks_;
 
     // Loop thread only: the attempt's outcome, for query-migrate.
     std::string runstate_ = "inmigrate"; // the source's globalstate, once complete

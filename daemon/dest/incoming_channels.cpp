@@ -107,7 +107,7 @@ void IncomingMigration::extra_connection(const std::vector<uint8_t> &prefix)
 {
     if (!params_.multifd && is_multifd_init(prefix)) {
         spdlog::error("incoming migration: {}", multifd_off_here().message());
-        abort_with(multifd_off_here());
+        run_->abort_with(multifd_off_here());
         return;
     }
     // A multifd channel of this source: its init message is whole and
@@ -121,7 +121,7 @@ void IncomingMigration::extra_connection(const std::vector<uint8_t> &prefix)
     }
     // Threads own the channels now: this is a source opening more
     // channels than we were configured for.
-    abort_with(Error(fmt::format("Extra incoming migration connection: the source opened "
+    run_->abort_with(Error(fmt::format("Extra incoming migration connection: the source opened "
                                  "more channels than configured (multifd {}, {} channels)",
                                  params_.multifd ? "on" : "off", params_.channels)));
 }
@@ -412,7 +412,7 @@ Status IncomingMigration::open_mapped_ram(const MigrationAddress &addr, int fd)
 
 void IncomingMigration::cleanup_channels()
 {
-    end_preempt();
+    run_->end_preempt();
     stop_multifd_watch();
     if (listener_) {
         listener_->close();

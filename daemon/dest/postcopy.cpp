@@ -33,9 +33,9 @@ bool IncomingMigration::take_preempt(PendingConnection *c)
     set_link_timeout(*fd, params_.link_timeout_ms);
     run_->preempt_ = std::make_unique<Channel>(UniqueFd(*fd));
     run_->preempt_done_ = run_->preempt_used_ = false;
-    run_->preempt_thread_ = std::thread([this, ch = run_->preempt_.get(), generation = generation_] {
+    run_->preempt_thread_ = std::thread([run = run_.get(), ch = run_->preempt_.get()] {
         set_thread_name("mig/dst/preempt");
-        preempt_thread_main(ch, generation);
+        run->preempt_thread_main(ch);
     });
     spdlog::info("incoming migration: postcopy preempt channel connected");
     return true;
@@ -46,20 +46,20 @@ bool IncomingMigration::take_preempt(PendingConnection *c)
 // only, so the two never write the same one) and into the received
 // bitmaps (a recovery tells the source about them too), until the source's
 // end marker (QEMU's postcopy_preempt_shutdown_file()).
-void IncomingMigration::preempt_thread_main(Channel *ch, uint64_t generation)
+void IncomingAttempt::preempt_thread_main(Channel *ch)
 {
     Status st = preempt_load(ch);
     if (!st) {
-        preempt_failed(st.error(), generation);
+        preempt_failed(st.error());
     }
     {
-        MutexLock lk(run_->preempt_mu_);
-        run_->preempt_done_ = true;
+        MutexLock lk(preempt_mu_);
+        preempt_done_ = true;
     }
-    run_->preempt_cv_.notify_all(); // Pairs with the wait in end_preempt()
+    preempt_cv_.notify_all(); // Pairs with the wait in end_preempt()
 }
 
-Status IncomingMigration::preempt_load(Channel *ch)
+Status IncomingAttempt::preempt_load(Channel *ch)
 {
     const std::vector<RamBlockDesc> *descs = packet_blocks();
     if (!descs) {
@@ -76,8 +76,8 @@ Status IncomingMigration::preempt_load(Channel *ch)
     while (poll(&pfd, 1, -1) < 0 && errno == EINTR) {
     }
     if (bytes_queued(ch->fd()) > 0) {
-        MutexLock lk(run_->preempt_mu_);
-        run_->preempt_used_ = true; // the source sends on it: end_preempt() drains it
+        MutexLock lk(preempt_mu_);
+        preempt_used_ = true; // the source sends on it: end_preempt() drains it
     }
     FdInputStream in(ch->fd(), {}, nullptr);
     QEMUFileReader f(in, 64 * 1024);
@@ -86,14 +86,14 @@ Status IncomingMigration::preempt_load(Channel *ch)
         blocks_, nullptr, nullptr, {},
         [] { return Status(Error("OPEN_RETURN_PATH on the preempt channel")); }, no_rp);
     if (params_.postcopy_ram) {
-        handler.set_postcopy(&run_->received_, {});
+        handler.set_postcopy(&received_, {});
     }
     auto r = qemu_load_preempt_channel(f, cfg, handler);
     Status st = handler.flush(); // whole pages read before an error count too
-    run_->bytes_.fetch_add(f.pos(), std::memory_order_relaxed);
+    bytes_.fetch_add(f.pos(), std::memory_order_relaxed);
     if (r) {
-        run_->normal_pages_.fetch_add(r->normal_pages);
-        run_->zero_pages_.fetch_add(r->zero_pages);
+        normal_pages_.fetch_add(r->normal_pages);
+        zero_pages_.fetch_add(r->zero_pages);
         spdlog::info("incoming migration: postcopy preempt channel: the source's end marker");
     }
     return r ? st : r.status();
@@ -107,14 +107,14 @@ Status IncomingMigration::preempt_load(Channel *ch)
 // expected to break; before the package's LISTEN there is nothing to
 // pause, and once the main stream ended (end_preempt()'s drain) a page
 // may be lost: those fail the load.
-void IncomingMigration::preempt_failed(const Error &err, uint64_t generation)
+void IncomingAttempt::preempt_failed(const Error &err)
 {
     Error why = Error(err).prepend("postcopy preempt channel: ");
     bool ended, fail;
     {
-        MutexLock lk(run_->preempt_mu_);
-        ended = run_->preempt_ended_;
-        fail = !run_->postcopy_listening_ || run_->preempt_draining_;
+        MutexLock lk(preempt_mu_);
+        ended = preempt_ended_;
+        fail = !postcopy_listening_ || preempt_draining_;
     }
     if (ended) {
         spdlog::debug("incoming migration: {} (ended here)", why.message());
@@ -125,12 +125,7 @@ void IncomingMigration::preempt_failed(const Error &err, uint64_t generation)
         return;
     }
     spdlog::error("incoming migration: {}: pausing the postcopy", why.message());
-    post_to_loop([this, generation] {
-        if (generation == generation_ && (status_ == MigrationStatus::PostcopyActive ||
-                                          status_ == MigrationStatus::PostcopyRecover)) {
-            pause();
-        }
-    });
+    owner_.post_pause(weak_from_this());
 }
 
 // `drain` (the load thread, once the main stream ended well): a channel
@@ -143,77 +138,75 @@ void IncomingMigration::preempt_failed(const Error &err, uint64_t generation)
 // for on it, and a qmigd destination asks for none. abort_with() ends the
 // wait at any time (it shuts the channel down), and so does migrate-pause
 // (pause()): then the load pauses, as it would on the main channel.
-bool IncomingMigration::end_preempt(bool drain)
+bool IncomingAttempt::end_preempt(bool drain)
 {
     std::thread t;
     bool paused = false;
     {
-        MutexLock lk(run_->preempt_mu_);
-        if (drain && run_->preempt_thread_.joinable() &&
-            (run_->preempt_used_ || bytes_queued(run_->preempt_->fd()) > 0)) {
-            run_->preempt_draining_ = true;
+        MutexLock lk(preempt_mu_);
+        if (drain && preempt_thread_.joinable() &&
+            (preempt_used_ || bytes_queued(preempt_->fd()) > 0)) {
+            preempt_draining_ = true;
             auto until = std::chrono::steady_clock::now() +
                          std::chrono::milliseconds(params_.link_timeout_ms);
-            while (!run_->preempt_done_ && !run_->pause_requested_) {
+            while (!preempt_done_ && !pause_requested_) {
                 if (!params_.link_timeout_ms) {
-                    lk.wait(run_->preempt_cv_);
-                } else if (!lk.wait_until(run_->preempt_cv_, until)) {
+                    lk.wait(preempt_cv_);
+                } else if (!lk.wait_until(preempt_cv_, until)) {
                     break;
                 }
             }
-            paused = !run_->preempt_done_ && run_->pause_requested_;
+            paused = !preempt_done_ && pause_requested_;
             if (paused) {
                 spdlog::info("incoming migration: paused while waiting for the postcopy preempt "
                              "channel's end marker");
-            } else if (!run_->preempt_done_) {
+            } else if (!preempt_done_) {
                 spdlog::warn("incoming migration: no end marker on the postcopy preempt "
                              "channel within {} ms: shut down",
                              params_.link_timeout_ms);
             }
         }
-        run_->preempt_ended_ = true;
-        if (run_->preempt_) {
-            run_->preempt_->shutdown();
+        preempt_ended_ = true;
+        if (preempt_) {
+            preempt_->shutdown();
         }
-        t = std::move(run_->preempt_thread_);
+        t = std::move(preempt_thread_);
     }
     if (t.joinable()) {
         t.join();
     }
-    MutexLock lk(run_->preempt_mu_);
-    run_->preempt_.reset(); // its reader is joined
+    MutexLock lk(preempt_mu_);
+    preempt_.reset(); // its reader is joined
     return paused;
 }
 
 // postcopy_pause_incoming(): the broken channel and its return path go;
 // the pages read so far are in the images and in received_.
-Result<Channel *> IncomingMigration::postcopy_pause_incoming(const Error &why)
+Result<Channel *> IncomingAttempt::postcopy_pause_incoming(const Error &why)
 {
     spdlog::error("incoming migration: Detected IO failure for postcopy. Migration paused: {}",
                   why.message());
-    run_->rp_.reset();
+    rp_.reset();
     end_preempt();
     {
-        MutexLock lk(run_->preempt_mu_);
-        run_->preempt_ended_ = false; // the resumed source connects it again
-        run_->preempt_draining_ = false;
-        run_->pause_requested_ = false; // this is the pause
+        MutexLock lk(preempt_mu_);
+        preempt_ended_ = false; // the resumed source connects it again
+        preempt_draining_ = false;
+        pause_requested_ = false; // this is the pause
     }
-    post_to_loop([this] {
-        if (status_ == MigrationStatus::PostcopyActive ||
-            status_ == MigrationStatus::PostcopyRecover) {
-            set_status(MigrationStatus::PostcopyPaused);
-        }
-    });
-    MutexLock lk(run_->recover_mu_);
-    while (!run_->recover_new_ && !run_->recover_abort_) {
-        lk.wait(run_->recover_cv_);
+    owner_.post_status(weak_from_this(), MigrationStatus::PostcopyActive,
+                       MigrationStatus::PostcopyPaused);
+    owner_.post_status(weak_from_this(), MigrationStatus::PostcopyRecover,
+                       MigrationStatus::PostcopyPaused);
+    MutexLock lk(recover_mu_);
+    while (!recover_new_ && !recover_abort_) {
+        lk.wait(recover_cv_);
     }
-    if (run_->recover_abort_) {
+    if (recover_abort_) {
         return Error(why).prepend("postcopy given up while paused: ");
     }
-    run_->recover_new_ = false;
-    return run_->recovered_.get();
+    recover_new_ = false;
+    return recovered_.get();
 }
 
 bool IncomingMigration::take_recovered(PendingConnection *c)
@@ -232,7 +225,7 @@ bool IncomingMigration::take_recovered(PendingConnection *c)
         // The previous recovery's channel goes (the load thread dropped
         // it when it paused); main_'s stays open, shut, until cleanup.
         MutexLock lk(run_->recover_mu_);
-        current_main()->shutdown();
+        run_->current_main()->shutdown();
         run_->recovered_ = std::make_unique<Channel>(UniqueFd(*fd));
         run_->recover_new_ = true;
     }
@@ -277,20 +270,20 @@ void IncomingMigration::pause()
     spdlog::info("incoming migration: postcopy paused by migrate-pause");
     {
         // The load thread may be past the main stream, waiting for the
-        // preempt channel's end marker (end_preempt()): that wait ends too.
+        // preempt channel's end marker (run_->end_preempt()): that wait ends too.
         MutexLock lk(run_->preempt_mu_);
         run_->pause_requested_ = true;
     }
     run_->preempt_cv_.notify_all();
     if (run_->main_) {
         MutexLock lk(run_->recover_mu_);
-        current_main()->shutdown();
+        run_->current_main()->shutdown();
     }
 }
 
-Channel *IncomingMigration::current_main()
+Channel *IncomingAttempt::current_main()
 {
-    return run_->recovered_ ? run_->recovered_.get() : run_->main_->ch.get();
+    return recovered_ ? recovered_.get() : main_->ch.get();
 }
 
 } // namespace qmigd

@@ -1,0 +1,340 @@
+// IncomingAttempt's threads: the load thread (the main channel through the
+// loader, into the images; pausing in postcopy, see dest/postcopy.cpp), one
+// receive thread per multifd channel, and parking a VM's blocks as they come.
+#include "daemon/dest/incoming_attempt.h"
+
+#include <cstring>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "daemon/dest/image_load_handler.h"
+#include "daemon/socket_io.h"
+#include "daemon/thread_name.h"
+#include "protocol/multifd_compress.h"
+#include "protocol/multifd_packet.h"
+#include "protocol/wire.h"
+
+namespace qmigd {
+
+Status IncomingAttempt::park_announce(const std::vector<RamBlockDesc> &descs)
+{
+    std::vector<RAMBlock> made;
+    for (size_t i = 0; i < descs.size(); i++) {
+        RamBlockSpec spec;
+        spec.name = descs[i].idstr;
+        spec.path = parked_block_path(params_.park_dir, i, descs[i].idstr);
+        spec.size = descs[i].used_length;
+        spec.open = ImageOpen::Create;
+        // No vm.json here (park_dir_check): a file of that name is what a
+        // park that was killed left, never part of a parked VM.
+        if (::unlink(spec.path.c_str()) == 0) {
+            spdlog::info("incoming migration: removed {}, left by an unfinished park",
+                         spec.path);
+        }
+        auto b = ram_block_open(spec, false);
+        QMIGD_TRY(b);
+        b->image->scan_holes();
+        made.push_back(std::move(*b));
+    }
+    QMIGD_TRY(hand_over_blocks(std::move(made)));
+    spdlog::info("incoming migration: parking {} RAM blocks in {}", descs.size(),
+                 params_.park_dir);
+    if (params_.postcopy_ram) {
+        for (const auto &b : blocks_) {
+            received_.push_back(std::make_unique<ReceivedBitmap>(b.image->pages()));
+        }
+    }
+    {
+        MutexLock lk(park_mu_);
+        park_descs_ = descs;
+        park_ready_ = true;
+    }
+    park_cv_.notify_all();
+    return {};
+}
+
+// blocks_ is the daemon's list, which the loop reads (a /metrics scrape
+// lists its blocks): the loop appends the new ones, and the load thread
+// reads the list once it has (blocks_handed_ under park_mu_ orders the two).
+Status IncomingAttempt::hand_over_blocks(std::vector<RAMBlock> made)
+{
+    owner_.post_blocks(shared_from_this(), std::move(made));
+    MutexLock lk(park_mu_);
+    while (!blocks_handed_ && !park_abort_) {
+        lk.wait(park_cv_);
+    }
+    if (!blocks_handed_) {
+        return Error("aborted while the parked blocks were handed to the loop");
+    }
+    return {};
+}
+
+void IncomingAttempt::blocks_arrived()
+{
+    {
+        MutexLock lk(park_mu_);
+        blocks_handed_ = true;
+    }
+    park_cv_.notify_all();
+}
+
+const std::vector<RamBlockDesc> *IncomingAttempt::packet_blocks()
+{
+    if (!load_cfg_.park) {
+        return &load_cfg_.blocks;
+    }
+    MutexLock lk(park_mu_);
+    while (!park_ready_ && !park_abort_) {
+        lk.wait(park_cv_);
+    }
+    return park_abort_ ? nullptr : &park_descs_;
+}
+
+Result<ParkedVm> IncomingAttempt::park_finish(LoadvmResult &result)
+{
+    ParkedVm vm;
+    vm.dir = params_.park_dir;
+    vm.machine_type = result.machine_type;
+    vm.uuid = result.uuid;
+    vm.ram_section_id = result.ram_section_id;
+    for (const auto &d : park_descs_) {
+        vm.blocks.push_back({d.idstr, d.used_length});
+    }
+    vm.device_state = std::move(result.device_state);
+    vm.iterable_state = std::move(result.iterable_state);
+    // Durable before the record names them: the record is the commit.
+    for (const auto &b : blocks_) {
+        QMIGD_TRY(b.image->sync());
+    }
+    QMIGD_TRY(parked_vm_write(vm));
+    spdlog::info("incoming migration: parked VM '{}' in {}: {} RAM blocks, {} bytes of device "
+                 "state",
+                 wire_text(vm.machine_type), vm.dir, vm.blocks.size(), vm.device_state.size());
+    vm.device_state_bytes = vm.device_state.size();
+    vm.device_state.clear(); // written; the loop keeps only the summary
+    return vm;
+}
+
+void IncomingAttempt::load_thread_main()
+{
+    for (size_t i = 0; i < multifd_.size(); i++) {
+        recv_threads_.emplace_back([this, i] {
+            set_thread_name("mig/dst/recv_" + std::to_string(i));
+            recv_thread_main(i);
+        });
+    }
+    FdInputStream in(main_->ch->fd(), main_->prefix, main_->ch->tls());
+    QEMUFileReader f(in, 256 * 1024);
+    ImageLoadHandler::Announce announce;
+    if (load_cfg_.park) {
+        announce = [this](const std::vector<RamBlockDesc> &d) { return park_announce(d); };
+    }
+    ImageLoadHandler handler(blocks_, sync_.get(), params_.mapped_ram ? &file_in_ : nullptr,
+                             std::move(announce), [this] { return open_return_path(); }, rp_);
+    watch_postcopy(handler);
+    LoadvmSession session(load_cfg_, handler);
+    auto result = load_postcopy(session, handler, session.load(f));
+    std::optional<ParkedVm> parked = end_stream(result, handler);
+    bytes_.fetch_add(f.pos(), std::memory_order_relaxed);
+    end_channels(result, handler);
+    std::optional<Error> err;
+    {
+        MutexLock lk(err_mu_);
+        err = thread_error_;
+    }
+    if (rp_) {
+        // The verdict, once everything is loaded (and a parked VM durable):
+        // QEMU's migration_incoming_state_destroy().
+        rp_->shut(!result || err);
+        rp_.reset();
+    }
+    std::string runstate = result ? result->runstate : "inmigrate";
+    owner_.post_end(weak_from_this(), err, runstate, std::move(parked));
+}
+
+// The stream's OPEN_RETURN_PATH.
+Status IncomingAttempt::open_return_path()
+{
+    auto rp = ReturnPathOut::open(main_->ch->fd(), main_->ch->tls(), rp_writes_);
+    QMIGD_TRY(rp);
+    rp_ = std::move(*rp);
+    rp_open_ = true; // abort_with() leaves its write side open from now on
+    if (params_.switchover_ack) {
+        // loadvm_process_command(): no device needs to hold the
+        // switchover, so the ack goes as soon as the return path opens.
+        spdlog::info("incoming migration: switchover acknowledged");
+        return rp_->switchover_ack();
+    }
+    return {};
+}
+
+// The status follows the postcopy: active at the package's LISTEN, and
+// again once a recovery's first page came.
+void IncomingAttempt::watch_postcopy(ImageLoadHandler &handler)
+{
+    if (params_.postcopy_ram) {
+        handler.set_postcopy(&received_, [this] {
+            owner_.post_status(weak_from_this(), MigrationStatus::PostcopyRecover,
+                               MigrationStatus::PostcopyActive);
+        });
+    }
+    handler.set_on_listen([this] {
+        postcopy_listening_ = true;
+        spdlog::info("incoming migration: postcopy: the device state is in, the rest of RAM "
+                     "follows");
+        owner_.post_status(weak_from_this(), MigrationStatus::Active,
+                           MigrationStatus::PostcopyActive);
+    });
+}
+
+// In postcopy a failure pauses: the guest may run at the source's
+// destination... and here the stream goes on over a new channel.
+Result<LoadvmResult> IncomingAttempt::load_postcopy(LoadvmSession &session,
+                                                      ImageLoadHandler &handler,
+                                                      Result<LoadvmResult> result)
+{
+    std::unique_ptr<FdInputStream> rin;
+    std::unique_ptr<QEMUFileReader> rf;
+    for (;;) {
+        while (!result && session.in_postcopy()) {
+            bytes_.fetch_add(rf ? rf->pos() : 0, std::memory_order_relaxed);
+            (void)handler.flush(); // whole pages read so far count as received
+            auto ch = postcopy_pause_incoming(result.error());
+            if (!ch) {
+                result = ch.error();
+                break;
+            }
+            rin = std::make_unique<FdInputStream>((*ch)->fd(), std::vector<uint8_t>{}, nullptr);
+            rf = std::make_unique<QEMUFileReader>(*rin, 256 * 1024);
+            auto rp = ReturnPathOut::open((*ch)->fd(), nullptr, rp_writes_);
+            if (!rp) {
+                result = rp.error();
+                break;
+            }
+            rp_ = std::move(*rp);
+            result = session.resume(*rf);
+        }
+        // The preempt channel's pages are in once its reader ends: at the
+        // source's end marker when the stream ended well (a page may still
+        // be on its way behind the main channel's end), else at once. A
+        // migrate-pause meanwhile pauses: a page may be missing.
+        if (!end_preempt(bool(result)) || !result) {
+            break;
+        }
+        result = Error("paused by migrate-pause before the postcopy preempt channel's end marker");
+    }
+    if (rf) {
+        bytes_.fetch_add(rf->pos(), std::memory_order_relaxed);
+    }
+    return result;
+}
+
+// After the stream: the last pages flushed and, parking, the VM made
+// durable (returned for the loop's query); a failure goes into `result`.
+std::optional<ParkedVm> IncomingAttempt::end_stream(Result<LoadvmResult> &result,
+                                                      ImageLoadHandler &handler)
+{
+    if (result) {
+        if (Status st = handler.flush(); !st) {
+            result = st.error();
+        }
+    }
+    std::optional<ParkedVm> parked;
+    if (result && load_cfg_.park) {
+        auto vm = park_finish(*result);
+        if (vm) {
+            parked = std::move(*vm);
+        } else {
+            result = vm.error();
+        }
+    }
+    return parked;
+}
+
+// The receive threads end (their channels shut down) and are joined;
+// the counts of a load that went well are added.
+void IncomingAttempt::end_channels(const Result<LoadvmResult> &result,
+                                     ImageLoadHandler &handler)
+{
+    if (result && result->uuid && params_.uuid == Uuid{}) {
+        // vmstate_uuid_post_load(): only a warning without a UUID of our own.
+        spdlog::warn("UUID is received {}, but local uuid isn't set",
+                     uuid_to_string(*result->uuid));
+    }
+    if (result) {
+        normal_pages_.fetch_add(result->normal_pages + handler.file_counts().normal);
+        zero_pages_.fetch_add(result->zero_pages + handler.file_counts().zero);
+        // Everything the channels carry precedes the last flush; whatever
+        // they do now cannot change the outcome.
+        loading_done_ = true;
+        if (sync_) {
+            sync_->abort();
+        }
+        for (const auto &ch : multifd_) {
+            ch->ch->shutdown();
+        }
+    } else {
+        abort_with(result.error());
+    }
+    for (auto &t : recv_threads_) {
+        t.join();
+    }
+    recv_threads_.clear();
+}
+
+void IncomingAttempt::abort_with(const Error &err)
+{
+    {
+        MutexLock lk(park_mu_);
+        park_abort_ = true;
+    }
+    park_cv_.notify_all();
+    {
+        MutexLock lk(recover_mu_);
+        recover_abort_ = true;
+    }
+    recover_cv_.notify_all();
+    {
+        MutexLock lk(err_mu_);
+        if (!thread_error_) {
+            thread_error_ = err;
+        }
+    }
+    if (sync_) {
+        sync_->abort();
+    }
+    // Wake threads blocked in read(); fds stay open until finish(). A
+    // pipe cannot be shut down: its writer, the exec: command, goes. With
+    // a return path the main socket's write side stays open for the SHUT,
+    // unless the load thread is blocked writing it (a source that does not
+    // read): rp_writes_ ends that write and bounds the SHUT's.
+    if (main_) {
+        MutexLock lk(recover_mu_);
+        Channel *ch = current_main();
+        if (rp_open_) {
+            ::shutdown(ch->fd(), SHUT_RD);
+            rp_writes_.abort();
+        } else {
+            ch->shutdown();
+        }
+    }
+    if (child_) {
+        child_->terminate(); // set before the threads started, reset after
+    }
+    {
+        MutexLock lk(preempt_mu_);
+        if (preempt_) {
+            preempt_->shutdown();
+        }
+    }
+    for (const auto &ch : multifd_) {
+        if (ch) {
+            ch->ch->shutdown();
+        }
+    }
+}
+
+} // namespace qmigd
