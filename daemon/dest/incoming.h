@@ -46,7 +46,7 @@ namespace qmigd {
 
 class ImageLoadHandler;
 
-class IncomingMigration : private IncomingOwner {
+class IncomingMigration final : private IncomingOwner {
 public:
     using OnStatus = std::function<void(MigrationStatus)>;
 
@@ -167,13 +167,13 @@ private:
     uint64_t tls_failed_logged_ms_ = 0; // uv_now() of the last failed-handshake line
     uint64_t tls_failed_quiet_ = 0;     // failures not logged since
     uint64_t generation_ = 0; // a new migrate-incoming or cleanup: late results are dropped
-    // Written by the loop at start() only; read by the migration threads
-    // while they run and by the handshake threads (tls_identify()).
+    // Written by the loop at start() only (the attempt keeps a copy); read
+    // by the handshake threads (tls_identify()).
     IncomingParams params_;
     // The current (or last) attempt: a new migrate-incoming makes a new
     // one once the previous one's threads are joined, so nothing per run
-    // is reset by hand. Loop thread writes the pointer; the migration
-    // threads use the object it points to while they run.
+    // is reset by hand. Loop thread only: the attempt's threads hold their
+    // own object (its `this`), never this pointer.
     std::shared_ptr<IncomingAttempt> run_;
     // Expires with this object: what post_to_loop() checks on the loop.
     std::shared_ptr<const bool> alive_ = std::make_shared<const bool>(true);

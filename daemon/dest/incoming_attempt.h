@@ -31,7 +31,7 @@
 namespace qmigd {
 
 class ImageLoadHandler;
-class IncomingAttempt;
+struct IncomingAttempt;
 
 // What an attempt's threads ask of the loop (IncomingMigration), as the
 // source's MigrationThread asks MigrationOwner. Called from the attempt's
