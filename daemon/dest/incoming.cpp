@@ -19,21 +19,31 @@ namespace qmigd {
 
 IncomingMigration::IncomingMigration(uv_loop_t *loop, LoopDispatcher &dispatcher,
                                      std::vector<RAMBlock> &blocks, OnStatus on_status)
-    : loop_(loop), dispatcher_(dispatcher), blocks_(blocks), on_status_(std::move(on_status))
+    : loop_(loop), dispatcher_(dispatcher), blocks_(blocks), on_status_(std::move(on_status)),
+      run_(std::make_shared<IncomingAttempt>(static_cast<IncomingOwner &>(*this), params_, blocks_))
 {
 }
 
 IncomingMigration::~IncomingMigration()
 {
     stop_multifd_watch();
-    if (child_) {
-        child_->kill_now(); // the daemon quits: so does the command, all of it
+    if (run_->child_) {
+        run_->child_->kill_now(); // the daemon quits: so does the command, all of it
     }
-    if (load_thread_.joinable()) {
-        abort_with(Error("daemon shutting down"));
-        load_thread_.join();
+    if (run_->load_thread_.joinable()) {
+        run_->abort_with(Error("daemon shutting down"));
+        run_->load_thread_.join();
     }
     cleanup_channels();
+}
+
+void IncomingMigration::post_to_loop(std::function<void()> fn)
+{
+    dispatcher_.post([alive = std::weak_ptr<const bool>(alive_), fn = std::move(fn)] {
+        if (alive.lock()) { // the loop thread destroys this object: no race
+            fn();
+        }
+    });
 }
 
 void IncomingMigration::set_status(MigrationStatus s)
@@ -47,8 +57,8 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     if (migration_is_running(status_)) {
         return Error("The incoming migration has already been started");
     }
-    if (load_thread_.joinable()) {
-        load_thread_.join();
+    if (run_->load_thread_.joinable()) {
+        run_->load_thread_.join();
     }
     if (params.postcopy_preempt && params.tls.enabled()) {
         return Error("qmigd: a destination takes postcopy-preempt without TLS only");
@@ -59,53 +69,20 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
             return Error("A VM cannot be parked from a mapped-ram file");
         }
     }
+    run_->end_preempt(); // a previous migration's, if any
+    // The previous attempt's threads are joined: a new one replaces it.
     params_ = params;
-    main_.reset();
-    parked_.reset();
-    {
-        MutexLock lk(park_mu_);
-        park_ready_ = park_abort_ = blocks_handed_ = false;
-    }
-    park_descs_.clear();
-    received_.clear();
-    {
-        MutexLock lk(recover_mu_);
-        recovered_.reset();
-        recover_new_ = false;
-        recover_abort_ = false;
-    }
-    end_preempt(); // a previous migration's, if any
-    {
-        MutexLock lk(preempt_mu_);
-        preempt_ended_ = false;
-        preempt_draining_ = false;
-        pause_requested_ = false;
-    }
+    run_ = std::make_shared<IncomingAttempt>(static_cast<IncomingOwner &>(*this), params_, blocks_);
     // A mapped-ram file has no channels to accept: its readers are threads.
     bool sockets = addr.transport == MigrationAddress::Transport::Socket;
-    multifd_.clear();
-    multifd_.resize(params.multifd && sockets ? params.channels : 0);
-    file_in_ = MappedRamFileIn{};
-    error_desc_.clear();
-    {
-        MutexLock lk(err_mu_);
-        thread_error_.reset();
-    }
-    loading_done_ = false;
-    rp_open_ = false;
-    rp_writes_.reset();
-    postcopy_listening_ = false;
-    normal_pages_ = zero_pages_ = bytes_ = 0;
-    cancel_requested_ = false;
-    runstate_ = "inmigrate";
+    run_->multifd_.resize(params.multifd && sockets ? params.channels : 0);
     for (auto &b : blocks_) {
         b.image->scan_holes();
     }
-    child_.reset();
     if (addr.transport != MigrationAddress::Transport::Socket) {
         // The stream is one file or pipe: the main channel at once.
         auto opened = one_channel_open(loop_, addr, false, params.tls.enabled(), fd_source_,
-                                       &child_);
+                                       &run_->child_);
         QMIGD_TRY(opened);
         UniqueFd fd(*opened);
         if (params.mapped_ram) {
@@ -118,7 +95,7 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
             handshake_on_thread(std::move(fd), {});
             return {};
         }
-        main_ = Accepted{std::make_unique<Channel>(std::move(fd)), {}};
+        run_->main_ = IncomingAttempt::Accepted{std::make_unique<Channel>(std::move(fd)), {}};
         maybe_start();
         return {};
     }
@@ -141,10 +118,10 @@ void IncomingMigration::cancel()
     if (!migration_is_running(status_)) {
         return;
     }
-    cancel_requested_ = true;
+    run_->cancel_requested_ = true;
     spdlog::info("incoming migration: cancelled by migrate_cancel");
     if (loading()) {
-        abort_with(Error("migration cancelled")); // finish() reports it
+        run_->abort_with(Error("migration cancelled")); // finish() reports it
         return;
     }
     cleanup_channels(); // still listening: nothing else runs
@@ -154,81 +131,138 @@ void IncomingMigration::cancel()
 void IncomingMigration::fail_setup(const Error &err)
 {
     spdlog::error("incoming migration failed: {}", err.message());
-    error_desc_ = err.message();
+    run_->error_desc_ = err.message();
     cleanup_channels();
     set_status(MigrationStatus::Failed);
 }
 
 void IncomingMigration::maybe_start()
 {
-    if (!main_) {
+    if (!run_->main_) {
         return;
     }
-    for (const auto &ch : multifd_) {
+    for (const auto &ch : run_->multifd_) {
         if (!ch) {
             return;
         }
     }
     stop_multifd_watch();
     // mapped-ram never sends MULTIFD_FLUSH: its multifd is the file readers.
-    bool channels = !multifd_.empty();
-    load_cfg_ = LoadvmConfig{};
-    load_cfg_.machine_type = params_.machine_type;
-    load_cfg_.blocks = ram_block_descs(blocks_);
-    load_cfg_.multifd = channels;
-    load_cfg_.mapped_ram = params_.mapped_ram;
-    load_cfg_.ignore_shared = params_.ignore_shared;
-    load_cfg_.uuid = params_.uuid;
-    load_cfg_.park = !params_.park_dir.empty();
-    load_cfg_.postcopy_ram = params_.postcopy_ram;
-    if (params_.postcopy_ram && !load_cfg_.park) {
+    bool channels = !run_->multifd_.empty();
+    run_->load_cfg_ = LoadvmConfig{};
+    run_->load_cfg_.machine_type = params_.machine_type;
+    run_->load_cfg_.blocks = ram_block_descs(blocks_);
+    run_->load_cfg_.multifd = channels;
+    run_->load_cfg_.mapped_ram = params_.mapped_ram;
+    run_->load_cfg_.ignore_shared = params_.ignore_shared;
+    run_->load_cfg_.uuid = params_.uuid;
+    run_->load_cfg_.park = !params_.park_dir.empty();
+    run_->load_cfg_.postcopy_ram = params_.postcopy_ram;
+    if (params_.postcopy_ram && !run_->load_cfg_.park) {
         for (const auto &b : blocks_) {
-            received_.push_back(std::make_unique<ReceivedBitmap>(b.image->pages()));
+            run_->received_.push_back(std::make_unique<ReceivedBitmap>(b.image->pages()));
         }
     }
-    sync_ = channels ? std::make_unique<MultifdRecvSync>(multifd_.size()) : nullptr;
-    set_link_timeout(main_->ch->fd(), params_.link_timeout_ms);
-    for (const auto &ch : multifd_) {
+    run_->sync_ = channels ? std::make_unique<MultifdRecvSync>(run_->multifd_.size()) : nullptr;
+    set_link_timeout(run_->main_->ch->fd(), params_.link_timeout_ms);
+    for (const auto &ch : run_->multifd_) {
         set_link_timeout(ch->ch->fd(), params_.link_timeout_ms);
     }
     set_status(MigrationStatus::Active);
-    if (multifd_.empty()) {
+    if (run_->multifd_.empty()) {
         spdlog::info("incoming migration: main channel connected");
     } else {
         spdlog::info("incoming migration: main channel and {} multifd channels connected",
-                     multifd_.size());
+                     run_->multifd_.size());
     }
-    load_thread_ = std::thread([this] {
+    run_->load_thread_ = std::thread([run = run_.get()] {
         set_thread_name("mig/dst/main");
-        load_thread_main();
+        run->load_thread_main();
     });
 }
 
 void IncomingMigration::finish(std::optional<Error> err, std::string runstate)
 {
-    if (load_thread_.joinable()) {
-        load_thread_.join();
+    if (run_->load_thread_.joinable()) {
+        run_->load_thread_.join();
     }
     cleanup_channels();
-    sync_.reset();
-    if ((cancel_requested_ || err) && !params_.park_dir.empty()) {
+    run_->sync_.reset();
+    if ((run_->cancel_requested_ || err) && !params_.park_dir.empty()) {
         park_discard();
     }
-    if (cancel_requested_) {
+    if (run_->cancel_requested_) {
         set_status(MigrationStatus::Cancelled);
         return;
     }
     if (err) {
         spdlog::error("incoming migration failed: {}", err->message());
-        error_desc_ = err->message();
+        run_->error_desc_ = err->message();
         set_status(MigrationStatus::Failed);
         return;
     }
-    runstate_ = runstate;
+    run_->runstate_ = runstate;
     spdlog::info("incoming migration completed: {} normal pages, {} zero pages, {} bytes "
                  "received",
-                 normal_pages_.load(), zero_pages_.load(), bytes_.load());
+                 run_->normal_pages_.load(), run_->zero_pages_.load(), run_->bytes_.load());
     set_status(MigrationStatus::Completed);
+}
+
+void IncomingMigration::post_end(std::weak_ptr<IncomingAttempt> run, std::optional<Error> err,
+                                 std::string runstate, std::optional<ParkedVm> parked)
+{
+    post_to_loop([this, run, err = std::move(err), runstate = std::move(runstate),
+                  parked = std::move(parked)]() mutable {
+        if (run.lock() != run_) {
+            return; // not the current attempt's end (start() joins first: never)
+        }
+        run_->parked_ = std::move(parked);
+        finish(err, runstate);
+    });
+}
+
+void IncomingMigration::post_status(std::weak_ptr<IncomingAttempt> run, MigrationStatus from,
+                                    MigrationStatus to)
+{
+    post_to_loop([this, run, from, to] {
+        if (run.lock() == run_ && status_ == from) {
+            set_status(to);
+        }
+    });
+}
+
+// blocks_ is the daemon's list, which the loop reads (a /metrics scrape
+// lists its blocks): the loop appends the new ones, and the load thread
+// reads the list once it has (blocks_arrived() under park_mu_ orders the two).
+void IncomingMigration::post_blocks(std::shared_ptr<IncomingAttempt> run,
+                                    std::vector<RAMBlock> made)
+{
+    auto holder = std::make_shared<std::vector<RAMBlock>>(std::move(made));
+    post_to_loop([this, run, holder] {
+        for (auto &b : *holder) {
+            blocks_.push_back(std::move(b));
+        }
+        run->blocks_arrived();
+    });
+}
+
+void IncomingMigration::post_pause(std::weak_ptr<IncomingAttempt> run)
+{
+    post_to_loop([this, run] {
+        if (run.lock() == run_ && (status_ == MigrationStatus::PostcopyActive ||
+                                   status_ == MigrationStatus::PostcopyRecover)) {
+            pause();
+        }
+    });
+}
+
+void IncomingMigration::park_discard()
+{
+    for (size_t i = 0; i < blocks_.size(); i++) {
+        ::unlink(parked_block_path(params_.park_dir, i, blocks_[i].desc.idstr).c_str());
+    }
+    blocks_.clear();
+    run_->parked_.reset();
 }
 
 nlohmann::json IncomingMigration::query() const
@@ -241,22 +275,22 @@ nlohmann::json IncomingMigration::query() const
     if (listener_ && listener_->listening()) {
         r["socket-address"] = json::array({socket_address_json(listener_->address())});
     }
-    if (status_ == MigrationStatus::Failed && !error_desc_.empty()) {
-        r["error-desc"] = error_desc_;
+    if (status_ == MigrationStatus::Failed && !run_->error_desc_.empty()) {
+        r["error-desc"] = run_->error_desc_;
     }
     // qmigd addition: what the destination received.
-    r["incoming"] = {{"normal", normal_pages_.load()},
-                     {"zero", zero_pages_.load()},
-                     {"bytes", bytes_.load()}};
-    if (parked_ && status_ == MigrationStatus::Completed) {
+    r["incoming"] = {{"normal", run_->normal_pages_.load()},
+                     {"zero", run_->zero_pages_.load()},
+                     {"bytes", run_->bytes_.load()}};
+    if (run_->parked_ && status_ == MigrationStatus::Completed) {
         json blocks = json::array();
-        for (const auto &b : parked_->blocks) {
+        for (const auto &b : run_->parked_->blocks) {
             blocks.push_back({{"id", b.idstr}, {"size", b.size}});
         }
-        r["parked"] = {{"dir", parked_->dir},
-                       {"machine-type", parked_->machine_type},
+        r["parked"] = {{"dir", run_->parked_->dir},
+                       {"machine-type", run_->parked_->machine_type},
                        {"blocks", blocks},
-                       {"device-state-bytes", parked_->device_state_bytes}};
+                       {"device-state-bytes", run_->parked_->device_state_bytes}};
     }
     return r;
 }

@@ -1,14 +1,13 @@
-// The destination side of a migration (QEMU's migration/migration.c
-// incoming path + savevm load + multifd receive threads).
+// The destination side of a migration, the loop's part (QEMU's
+// migration/migration.c incoming path): listen, classify channels, status,
+// query. Each migrate-incoming's channels and threads are an
+// IncomingAttempt (incoming_attempt.h), which reaches this object only
+// through IncomingOwner.
 //
 // Threads:
-//  - loop thread: listen, accept, classify channels, status, query.
-//  - load thread: reads the main channel (qemu_loadvm_state); it is the
-//    coordinator that joins the receive threads and reports the end.
-//  - one receive thread per multifd channel.
-//  - with postcopy-preempt, the preempt thread (postcopy.cpp).
+//  - loop thread: everything here.
+//  - the attempt's load, receive and preempt threads (incoming_attempt.h).
 //  - TLS handshake threads (TlsHandshakes), which read params_ only.
-// Any thread may call abort_with().
 #pragma once
 
 #include <atomic>
@@ -25,6 +24,7 @@
 #include "daemon/channel.h"
 #include "daemon/loop_dispatcher.h"
 #include "daemon/migration_status.h"
+#include "daemon/dest/incoming_attempt.h"
 #include "daemon/dest/incoming_params.h"
 #include "daemon/dest/mapped_ram_load.h"
 #include "daemon/dest/multifd_recv.h"
@@ -46,7 +46,7 @@ namespace qmigd {
 
 class ImageLoadHandler;
 
-class IncomingMigration {
+class IncomingMigration final : private IncomingOwner {
 public:
     using OnStatus = std::function<void(MigrationStatus)>;
 
@@ -66,7 +66,7 @@ public:
     // query-migrate body.
     nlohmann::json query() const;
     // The run state the source sent in globalstate (after completion).
-    const std::string &runstate() const { return runstate_; }
+    const std::string &runstate() const { return run_->runstate_; }
     // migrate-pause in postcopy: the main channel is shut down and the
     // load pauses as for a broken link.
     void pause();
@@ -80,13 +80,6 @@ private:
     {
         return status_ == MigrationStatus::Active || migration_in_postcopy(status_);
     }
-
-    // A classified channel: the bytes read to tell what it is (the main
-    // channel's stream starts with them) and the channel itself.
-    struct Accepted {
-        std::unique_ptr<Channel> ch;
-        std::vector<uint8_t> prefix;
-    };
 
     void on_prefix(PendingConnection *c, const Error *err);
     // Takes a classified connection: the main channel or a multifd one
@@ -118,57 +111,32 @@ private:
     void cleanup_channels();
     void finish(std::optional<Error> err, std::string runstate);
 
-    // Load thread: load_thread_main() and its steps.
-    void load_thread_main();
-    Status open_return_path();
-    void watch_postcopy(ImageLoadHandler &handler);
-    Result<LoadvmResult> load_postcopy(LoadvmSession &session, ImageLoadHandler &handler,
-                                       Result<LoadvmResult> result);
-    std::optional<ParkedVm> end_stream(Result<LoadvmResult> &result, ImageLoadHandler &handler);
-    void end_channels(const Result<LoadvmResult> &result, ImageLoadHandler &handler);
-    void recv_thread_main(size_t id);
     // Postcopy preempt (QEMU's postcopy_preempt_new_channel()): with
     // postcopy-preempt, the first connection after the main channel is
     // taken at accept, by its order as QEMU does (it sends nothing until a
-    // page goes on it), and read by a thread of its own.
+    // page goes on it), and read by a thread of the attempt.
     bool take_preempt(PendingConnection *c);
-    // `generation`: the migration's when the channel was taken.
-    void preempt_thread_main(Channel *ch, uint64_t generation);
-    Status preempt_load(Channel *ch);
-    void preempt_failed(const Error &err, uint64_t generation);
-    // After the main stream (load thread, `drain`: the reader reads to the
-    // source's end marker first) or at cleanup (loop): wakes and joins the
-    // preempt reader; no preempt channel is taken after it. Returns true
-    // when a migrate-pause ended the drain before the end marker came.
-    bool end_preempt(bool drain = false);
-    // Postcopy recovery (QEMU's postcopy_pause_incoming()): the load thread
-    // waits for the new main channel (migrate-recover's first connection,
-    // taken by take_recovered() on the loop), or for the migration's end.
-    Result<Channel *> postcopy_pause_incoming(const Error &why);
+    // migrate-recover's first connection: the paused load's new main channel.
     bool take_recovered(PendingConnection *c);
-    // The main channel the load thread reads now (main_'s, or the last
-    // recovery's).
-    Channel *current_main() REQUIRES(recover_mu_);
-    // Park mode. Load thread: creates the announced blocks' images.
-    Status park_announce(const std::vector<RamBlockDesc> &descs);
-    // Load thread: the blocks park_announce() made go to the daemon's list
-    // on the loop; returns once they are there (or the migration aborted).
-    Status hand_over_blocks(std::vector<RAMBlock> made);
-    // Receive threads: the block list to decode packets with (null once
-    // the migration is aborted).
-    const std::vector<RamBlockDesc> *packet_blocks();
-    // Load thread, after the stream: writes device state and record;
-    // returns the parked VM for the loop thread's query.
-    Result<ParkedVm> park_finish(LoadvmResult &result);
     // Loop thread, after a failed or cancelled park: its images go.
     void park_discard();
-    // Any thread: record the first error and wake every thread.
-    void abort_with(const Error &err);
+
+    // IncomingOwner: what the attempt's threads post to the loop.
+    void post_end(std::weak_ptr<IncomingAttempt> run, std::optional<Error> err,
+                  std::string runstate, std::optional<ParkedVm> parked) override;
+    void post_status(std::weak_ptr<IncomingAttempt> run, MigrationStatus from,
+                     MigrationStatus to) override;
+    void post_blocks(std::shared_ptr<IncomingAttempt> run, std::vector<RAMBlock> made) override;
+    void post_pause(std::weak_ptr<IncomingAttempt> run) override;
+    // Any thread: runs fn on the loop unless this object is gone by then
+    // (the daemon quits: the dispatcher may still run what the threads
+    // posted before the destructor joined them).
+    void post_to_loop(std::function<void()> fn);
 
     uv_loop_t *loop_;
     LoopDispatcher &dispatcher_;
     // The daemon's blocks. The loop writes the list (a park's blocks are
-    // appended by hand_over_blocks()'s post, dropped by park_discard());
+    // appended by post_blocks(), dropped by park_discard());
     // the migration threads read it while they run, once it holds the
     // blocks they use (load_cfg_'s, or park_ready_'s).
     std::vector<RAMBlock> &blocks_;
@@ -199,85 +167,16 @@ private:
     uint64_t tls_failed_logged_ms_ = 0; // uv_now() of the last failed-handshake line
     uint64_t tls_failed_quiet_ = 0;     // failures not logged since
     uint64_t generation_ = 0; // a new migrate-incoming or cleanup: late results are dropped
-    std::string runstate_ = "inmigrate";
-    std::string error_desc_;
-    bool cancel_requested_ = false;
-    std::thread load_thread_;
-    // The parked VM once complete (query): the load thread hands it over
-    // with finish().
-    std::optional<ParkedVm> parked_;
-
-    // Written by the loop before the load thread starts (start(), setup's
-    // channels, maybe_start()), read-only while the migration threads run
-    // (abort_with() reads them from any thread), reset by the loop once
-    // they are joined (cleanup_channels()). params_ is also read by the
-    // handshake threads (tls_identify()): it changes only at start().
+    // Written by the loop at start() only (the attempt keeps a copy); read
+    // by the handshake threads (tls_identify()).
     IncomingParams params_;
-    std::shared_ptr<CommandChild> child_; // exec: the command
-    std::optional<Accepted> main_;
-    MappedRamFileIn file_in_; // mapped-ram: main_'s file, and O_DIRECT fds
-    std::vector<std::optional<Accepted>> multifd_;
-    LoadvmConfig load_cfg_;
-    std::unique_ptr<MultifdRecvSync> sync_;
-
-    // Load thread only (started and joined by it).
-    std::vector<std::thread> recv_threads_;
-    // The return path, once the stream opened it: the load thread's only
-    // (pongs, then the SHUT); rp_open_ tells abort_with() from any thread.
-    std::unique_ptr<ReturnPathOut> rp_;
-
-    // Shared with the migration threads.
-    Mutex err_mu_;
-    std::optional<Error> thread_error_ GUARDED_BY(err_mu_);
-    std::atomic<bool> loading_done_{false};
-    std::atomic<bool> rp_open_{false};
-    // Every write rp_ makes; abort_with() ends one a source never reads.
-    PeerWriteGuard rp_writes_;
-    // The package's LISTEN came: from now on a broken channel, the preempt
-    // channel's included, pauses instead of failing.
-    std::atomic<bool> postcopy_listening_{false};
-    // Park mode: the load thread makes the blocks, hands them to the loop
-    // (blocks_handed_), fills park_descs_ once, then sets park_ready_;
-    // receive threads wait for it before their first packet (a multifd
-    // packet can overtake the ram START section).
-    Mutex park_mu_;
-    std::condition_variable park_cv_;
-    bool park_ready_ GUARDED_BY(park_mu_) = false;
-    bool park_abort_ GUARDED_BY(park_mu_) = false;
-    bool blocks_handed_ GUARDED_BY(park_mu_) = false;
-    // Written under park_mu_ by the load thread before park_ready_, read
-    // without it after (packet_blocks() returns it once park_ready_ is seen).
-    std::vector<RamBlockDesc> park_descs_;
-
-    // The preempt channel: taken on the loop, read by its thread, ended by
-    // the load thread (or cleanup); all three under preempt_mu_.
-    Mutex preempt_mu_;
-    std::condition_variable preempt_cv_; // preempt_done_ set
-    std::unique_ptr<Channel> preempt_ GUARDED_BY(preempt_mu_);
-    bool preempt_ended_ GUARDED_BY(preempt_mu_) = false;    // shut down here
-    bool preempt_draining_ GUARDED_BY(preempt_mu_) = false; // the main stream ended
-    bool preempt_done_ GUARDED_BY(preempt_mu_) = false;     // the reader returned
-    bool preempt_used_ GUARDED_BY(preempt_mu_) = false;     // a byte came on it
-    bool pause_requested_ GUARDED_BY(preempt_mu_) = false;  // migrate-pause not yet acted on
-    std::thread preempt_thread_ GUARDED_BY(preempt_mu_);
-
-    // Postcopy recovery's hand-over, loop thread to load thread.
-    Mutex recover_mu_;
-    std::condition_variable recover_cv_;
-    // The main channel since the last recovery (main_'s, shut down, stays
-    // open until cleanup); `recover_new_`: the load thread has not taken it.
-    std::unique_ptr<Channel> recovered_ GUARDED_BY(recover_mu_);
-    bool recover_new_ GUARDED_BY(recover_mu_) = false;
-    bool recover_abort_ GUARDED_BY(recover_mu_) = false;
-    // With postcopy-ram, one per block, made once the blocks are known and
-    // before pages come (maybe_start() on the loop, or park_announce() on
-    // the load thread before park_ready_), then read by the load and
-    // preempt threads: what a recovery tells the source we have.
-    std::vector<std::unique_ptr<ReceivedBitmap>> received_;
-
-    std::atomic<uint64_t> normal_pages_{0};
-    std::atomic<uint64_t> zero_pages_{0};
-    std::atomic<uint64_t> bytes_{0};
+    // The current (or last) attempt: a new migrate-incoming makes a new
+    // one once the previous one's threads are joined, so nothing per run
+    // is reset by hand. Loop thread only: the attempt's threads hold their
+    // own object (its `this`), never this pointer.
+    std::shared_ptr<IncomingAttempt> run_;
+    // Expires with this object: what post_to_loop() checks on the loop.
+    std::shared_ptr<const bool> alive_ = std::make_shared<const bool>(true);
 };
 
 } // namespace qmigd

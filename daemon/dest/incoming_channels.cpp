@@ -107,7 +107,7 @@ void IncomingMigration::extra_connection(const std::vector<uint8_t> &prefix)
 {
     if (!params_.multifd && is_multifd_init(prefix)) {
         spdlog::error("incoming migration: {}", multifd_off_here().message());
-        abort_with(multifd_off_here());
+        run_->abort_with(multifd_off_here());
         return;
     }
     // A multifd channel of this source: its init message is whole and
@@ -121,7 +121,7 @@ void IncomingMigration::extra_connection(const std::vector<uint8_t> &prefix)
     }
     // Threads own the channels now: this is a source opening more
     // channels than we were configured for.
-    abort_with(Error(fmt::format("Extra incoming migration connection: the source opened "
+    run_->abort_with(Error(fmt::format("Extra incoming migration connection: the source opened "
                                  "more channels than configured (multifd {}, {} channels)",
                                  params_.multifd ? "on" : "off", params_.channels)));
 }
@@ -139,7 +139,7 @@ void IncomingMigration::adopt(std::vector<uint8_t> prefix, std::unique_ptr<Chann
         return;
     }
     if (!params_.multifd || is_main_channel(prefix)) {
-        if (main_) {
+        if (run_->main_) {
             ch.reset();
             fail_setup(Error(params_.multifd ? "Extra incoming migration connection: a second "
                                                "main channel"
@@ -148,7 +148,7 @@ void IncomingMigration::adopt(std::vector<uint8_t> prefix, std::unique_ptr<Chann
                                                "channel"));
             return;
         }
-        main_ = Accepted{std::move(ch), std::move(prefix)};
+        run_->main_ = IncomingAttempt::Accepted{std::move(ch), std::move(prefix)};
         maybe_start();
         watch_multifd();
         return;
@@ -169,16 +169,16 @@ Status IncomingMigration::accept_multifd(const std::vector<uint8_t> &prefix,
     }
     auto id = multifd_init_decode(prefix.data(), params_.uuid, params_.channels);
     QMIGD_TRY(id);
-    if (multifd_[*id]) {
+    if (run_->multifd_[*id]) {
         return Error(fmt::format("multifd: received id '{}' already setup'", *id));
     }
-    multifd_[*id] = Accepted{std::move(ch), {}};
+    run_->multifd_[*id] = IncomingAttempt::Accepted{std::move(ch), {}};
     return {};
 }
 
 void IncomingMigration::watch_multifd()
 {
-    if (!params_.multifd || !main_ || loading() || status_ != MigrationStatus::Setup ||
+    if (!params_.multifd || !run_->main_ || loading() || status_ != MigrationStatus::Setup ||
         multifd_wait_) {
         return;
     }
@@ -202,16 +202,16 @@ void IncomingMigration::stop_multifd_watch()
 // Loop thread, every 50 ms while the multifd channels are missing.
 void IncomingMigration::check_multifd_missing()
 {
-    if (!main_ || loading() || status_ != MigrationStatus::Setup) {
+    if (!run_->main_ || loading() || status_ != MigrationStatus::Setup) {
         stop_multifd_watch();
         return;
     }
     size_t have = 0;
-    for (const auto &ch : multifd_) {
+    for (const auto &ch : run_->multifd_) {
         have += ch ? 1 : 0;
     }
     int queued = 0;
-    if (have == 0 && ::ioctl(main_->ch->fd(), FIONREAD, &queued) == 0 && queued > kMainPagesQueued) {
+    if (have == 0 && ::ioctl(run_->main_->ch->fd(), FIONREAD, &queued) == 0 && queued > kMainPagesQueued) {
         fail_setup(Error(fmt::format(
             "the main channel carries RAM pages ({} bytes queued) and no multifd channel came: "
             "the source has the multifd capability off, this destination has it on: turn it "
@@ -229,7 +229,7 @@ void IncomingMigration::check_multifd_missing()
             "{} of {} multifd channels arrived within {:.3g} s of the main channel: the source "
             "has the multifd capability off? This destination has it on: turn it on at both "
             "ends or neither",
-            have, multifd_.size(), double(wait_ms) / 1000)));
+            have, run_->multifd_.size(), double(wait_ms) / 1000)));
     }
 }
 
@@ -397,14 +397,14 @@ Status IncomingMigration::open_mapped_ram(const MigrationAddress &addr, int fd)
     if (fstat(fd, &st) < 0) {
         return Error(fmt::format("Could not stat '{}': {}", addr.filename, std::strerror(errno)));
     }
-    file_in_.fd = fd;
-    file_in_.file_size = uint64_t(st.st_size);
-    file_in_.threads = params_.multifd ? std::max(params_.channels, 1u) : 1;
+    run_->file_in_.fd = fd;
+    run_->file_in_.file_size = uint64_t(st.st_size);
+    run_->file_in_.threads = params_.multifd ? std::max(params_.channels, 1u) : 1;
     if (params_.direct_io) {
-        auto fds = file_channels_open(addr, false, file_in_.threads, true);
+        auto fds = file_channels_open(addr, false, run_->file_in_.threads, true);
         QMIGD_TRY(fds);
         for (int d : *fds) {
-            file_in_.direct_fds.emplace_back(d);
+            run_->file_in_.direct_fds.emplace_back(d);
         }
     }
     return {};
@@ -412,7 +412,7 @@ Status IncomingMigration::open_mapped_ram(const MigrationAddress &addr, int fd)
 
 void IncomingMigration::cleanup_channels()
 {
-    end_preempt();
+    run_->end_preempt();
     stop_multifd_watch();
     if (listener_) {
         listener_->close();
@@ -424,15 +424,15 @@ void IncomingMigration::cleanup_channels()
     }
     // An exec: command gets EOF or EPIPE from the close below and ends;
     // it is reaped on the loop whenever it does.
-    child_.reset();
-    main_.reset();
+    run_->child_.reset();
+    run_->main_.reset();
     {
-        MutexLock lk(recover_mu_);
-        recovered_.reset();
-        recover_new_ = false;
+        MutexLock lk(run_->recover_mu_);
+        run_->recovered_.reset();
+        run_->recover_new_ = false;
     }
-    file_in_ = MappedRamFileIn{};
-    for (auto &ch : multifd_) {
+    run_->file_in_ = MappedRamFileIn{};
+    for (auto &ch : run_->multifd_) {
         ch.reset();
     }
 }

@@ -19,11 +19,11 @@ namespace qmigd {
 
 bool IncomingMigration::take_preempt(PendingConnection *c)
 {
-    if (!params_.postcopy_preempt || !main_ || !loading()) {
+    if (!params_.postcopy_preempt || !run_->main_ || !loading()) {
         return false;
     }
-    MutexLock lk(preempt_mu_);
-    if (preempt_ended_ || preempt_) {
+    MutexLock lk(run_->preempt_mu_);
+    if (run_->preempt_ended_ || run_->preempt_) {
         return false; // a stranger, as any other connection
     }
     auto fd = c->take();
@@ -31,11 +31,11 @@ bool IncomingMigration::take_preempt(PendingConnection *c)
         return true;
     }
     set_link_timeout(*fd, params_.link_timeout_ms);
-    preempt_ = std::make_unique<Channel>(UniqueFd(*fd));
-    preempt_done_ = preempt_used_ = false;
-    preempt_thread_ = std::thread([this, ch = preempt_.get(), generation = generation_] {
+    run_->preempt_ = std::make_unique<Channel>(UniqueFd(*fd));
+    run_->preempt_done_ = run_->preempt_used_ = false;
+    run_->preempt_thread_ = std::thread([run = run_.get(), ch = run_->preempt_.get()] {
         set_thread_name("mig/dst/preempt");
-        preempt_thread_main(ch, generation);
+        run->preempt_thread_main(ch);
     });
     spdlog::info("incoming migration: postcopy preempt channel connected");
     return true;
@@ -46,11 +46,11 @@ bool IncomingMigration::take_preempt(PendingConnection *c)
 // only, so the two never write the same one) and into the received
 // bitmaps (a recovery tells the source about them too), until the source's
 // end marker (QEMU's postcopy_preempt_shutdown_file()).
-void IncomingMigration::preempt_thread_main(Channel *ch, uint64_t generation)
+void IncomingAttempt::preempt_thread_main(Channel *ch)
 {
     Status st = preempt_load(ch);
     if (!st) {
-        preempt_failed(st.error(), generation);
+        preempt_failed(st.error());
     }
     {
         MutexLock lk(preempt_mu_);
@@ -59,7 +59,7 @@ void IncomingMigration::preempt_thread_main(Channel *ch, uint64_t generation)
     preempt_cv_.notify_all(); // Pairs with the wait in end_preempt()
 }
 
-Status IncomingMigration::preempt_load(Channel *ch)
+Status IncomingAttempt::preempt_load(Channel *ch)
 {
     const std::vector<RamBlockDesc> *descs = packet_blocks();
     if (!descs) {
@@ -107,7 +107,7 @@ Status IncomingMigration::preempt_load(Channel *ch)
 // expected to break; before the package's LISTEN there is nothing to
 // pause, and once the main stream ended (end_preempt()'s drain) a page
 // may be lost: those fail the load.
-void IncomingMigration::preempt_failed(const Error &err, uint64_t generation)
+void IncomingAttempt::preempt_failed(const Error &err)
 {
     Error why = Error(err).prepend("postcopy preempt channel: ");
     bool ended, fail;
@@ -125,12 +125,7 @@ void IncomingMigration::preempt_failed(const Error &err, uint64_t generation)
         return;
     }
     spdlog::error("incoming migration: {}: pausing the postcopy", why.message());
-    dispatcher_.post([this, generation] {
-        if (generation == generation_ && (status_ == MigrationStatus::PostcopyActive ||
-                                          status_ == MigrationStatus::PostcopyRecover)) {
-            pause();
-        }
-    });
+    owner_.post_pause(weak_from_this());
 }
 
 // `drain` (the load thread, once the main stream ended well): a channel
@@ -143,7 +138,7 @@ void IncomingMigration::preempt_failed(const Error &err, uint64_t generation)
 // for on it, and a qmigd destination asks for none. abort_with() ends the
 // wait at any time (it shuts the channel down), and so does migrate-pause
 // (pause()): then the load pauses, as it would on the main channel.
-bool IncomingMigration::end_preempt(bool drain)
+bool IncomingAttempt::end_preempt(bool drain)
 {
     std::thread t;
     bool paused = false;
@@ -187,7 +182,7 @@ bool IncomingMigration::end_preempt(bool drain)
 
 // postcopy_pause_incoming(): the broken channel and its return path go;
 // the pages read so far are in the images and in received_.
-Result<Channel *> IncomingMigration::postcopy_pause_incoming(const Error &why)
+Result<Channel *> IncomingAttempt::postcopy_pause_incoming(const Error &why)
 {
     spdlog::error("incoming migration: Detected IO failure for postcopy. Migration paused: {}",
                   why.message());
@@ -199,12 +194,10 @@ Result<Channel *> IncomingMigration::postcopy_pause_incoming(const Error &why)
         preempt_draining_ = false;
         pause_requested_ = false; // this is the pause
     }
-    dispatcher_.post([this] {
-        if (status_ == MigrationStatus::PostcopyActive ||
-            status_ == MigrationStatus::PostcopyRecover) {
-            set_status(MigrationStatus::PostcopyPaused);
-        }
-    });
+    owner_.post_status(weak_from_this(), MigrationStatus::PostcopyActive,
+                       MigrationStatus::PostcopyPaused);
+    owner_.post_status(weak_from_this(), MigrationStatus::PostcopyRecover,
+                       MigrationStatus::PostcopyPaused);
     MutexLock lk(recover_mu_);
     while (!recover_new_ && !recover_abort_) {
         lk.wait(recover_cv_);
@@ -218,7 +211,7 @@ Result<Channel *> IncomingMigration::postcopy_pause_incoming(const Error &why)
 
 bool IncomingMigration::take_recovered(PendingConnection *c)
 {
-    if (status_ != MigrationStatus::PostcopyPaused || !main_) {
+    if (status_ != MigrationStatus::PostcopyPaused || !run_->main_) {
         return false;
     }
     auto fd = c->take();
@@ -231,12 +224,12 @@ bool IncomingMigration::take_recovered(PendingConnection *c)
     {
         // The previous recovery's channel goes (the load thread dropped
         // it when it paused); main_'s stays open, shut, until cleanup.
-        MutexLock lk(recover_mu_);
-        current_main()->shutdown();
-        recovered_ = std::make_unique<Channel>(UniqueFd(*fd));
-        recover_new_ = true;
+        MutexLock lk(run_->recover_mu_);
+        run_->current_main()->shutdown();
+        run_->recovered_ = std::make_unique<Channel>(UniqueFd(*fd));
+        run_->recover_new_ = true;
     }
-    recover_cv_.notify_all();
+    run_->recover_cv_.notify_all();
     return true;
 }
 
@@ -277,18 +270,18 @@ void IncomingMigration::pause()
     spdlog::info("incoming migration: postcopy paused by migrate-pause");
     {
         // The load thread may be past the main stream, waiting for the
-        // preempt channel's end marker (end_preempt()): that wait ends too.
-        MutexLock lk(preempt_mu_);
-        pause_requested_ = true;
+        // preempt channel's end marker (run_->end_preempt()): that wait ends too.
+        MutexLock lk(run_->preempt_mu_);
+        run_->pause_requested_ = true;
     }
-    preempt_cv_.notify_all();
-    if (main_) {
-        MutexLock lk(recover_mu_);
-        current_main()->shutdown();
+    run_->preempt_cv_.notify_all();
+    if (run_->main_) {
+        MutexLock lk(run_->recover_mu_);
+        run_->current_main()->shutdown();
     }
 }
 
-Channel *IncomingMigration::current_main()
+Channel *IncomingAttempt::current_main()
 {
     return recovered_ ? recovered_.get() : main_->ch.get();
 }

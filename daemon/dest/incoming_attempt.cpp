@@ -1,8 +1,7 @@
-// The destination's migration threads: the load thread (the main
-// channel through the loader, into the images; pausing in postcopy, see
-// dest/postcopy.cpp), one receive thread per multifd channel, and
-// parking a VM's blocks as they come.
-#include "daemon/dest/incoming.h"
+// IncomingAttempt's threads: the load thread (the main channel through the
+// loader, into the images; pausing in postcopy, see dest/postcopy.cpp), one
+// receive thread per multifd channel, and parking a VM's blocks as they come.
+#include "daemon/dest/incoming_attempt.h"
 
 #include <cstring>
 #include <sys/socket.h>
@@ -20,105 +19,7 @@
 
 namespace qmigd {
 
-
-// One receive channel's state, owned by its thread: the packet buffer of
-// the File page path and, with multifd-compression, the stream and its
-// input buffer.
-struct RecvChannelState {
-    std::unique_ptr<uint8_t[]> buf{new uint8_t[MULTIFD_PACKET_PAGES * TARGET_PAGE_SIZE]};
-    std::unique_ptr<MultiFDDecompressor> decompressor;
-    std::unique_ptr<uint8_t[]> zbuf;
-};
-
-// Inflates a packet's compressed payload into its pages' places (the
-// runs prepare_pages() gave, page by page in offset order).
-static Status receive_compressed(ChannelReader &in, RecvChannelState &ch, const MultiFDPacket &p,
-                                 const struct iovec *iov, int niov)
-{
-    struct iovec z = {ch.zbuf.get(), p.next_packet_size};
-    QMIGD_TRY(in.readv(&z, 1));
-    uint8_t *pages[MULTIFD_PACKET_PAGES];
-    uint32_t n = 0;
-    for (int k = 0; k < niov; k++) {
-        for (size_t off = 0; off < iov[k].iov_len; off += TARGET_PAGE_SIZE) {
-            pages[n++] = static_cast<uint8_t *>(iov[k].iov_base) + off;
-        }
-    }
-    return ch.decompressor->decompress(ch.zbuf.get(), p.next_packet_size, pages, n);
-}
-
-// Receives a packet's page data into the image (straight into the
-// mapping, or through ch.buf and pwrite: the image's page path), and makes
-// its zero pages zero.
-static Status receive_packet(ChannelReader &in, RamImage &img, const MultiFDPacket &p,
-                             RecvChannelState &ch)
-{
-    for (uint32_t i = 0; i < p.zero_pages; i++) {
-        QMIGD_TRY(img.zero_page(p.offsets[p.normal_pages + i]));
-    }
-    if (!p.normal_pages) {
-        return {};
-    }
-    struct iovec iov[MULTIFD_PACKET_PAGES];
-    int niov = 0;
-    QMIGD_TRY(img.prepare_pages(p.offsets.data(), p.normal_pages, ch.buf.get(), iov, &niov));
-    if (ch.decompressor) {
-        QMIGD_TRY(receive_compressed(in, ch, p, iov, niov));
-    } else {
-        QMIGD_TRY(in.readv(iov, niov));
-    }
-    return img.commit_pages(p.offsets.data(), p.normal_pages, ch.buf.get());
-}
-
-void IncomingMigration::recv_thread_main(size_t id)
-{
-    ChannelReader in(multifd_[id]->ch->fd(), multifd_[id]->ch->tls());
-    uint8_t header[MULTIFD_PACKET_HEADER_SIZE];
-    RecvChannelState ch;
-    const MultiFDMethod &method = multifd_method(params_.compression);
-    Status st;
-    if (params_.compression != MultiFDCompression::None) {
-        auto d = method.make_decompressor();
-        st = d.status();
-        if (d) {
-            ch.decompressor = std::move(*d);
-            ch.zbuf.reset(new uint8_t[MULTIFD_COMPRESSED_MAX]);
-        }
-    }
-    while (st) {
-        auto got = in.read(header, sizeof(header));
-        if (!got || *got == 0) {
-            if (!got && !loading_done_) {
-                st = got.status();
-            }
-            break; // EOF at a packet boundary: the source is done with us
-        }
-        const std::vector<RamBlockDesc> *descs = packet_blocks();
-        if (!descs) {
-            break;
-        }
-        auto p = multifd_packet_decode(header, *descs, method.flag);
-        st = p.status();
-        if (st) {
-            st = receive_packet(in, *blocks_[p->block].image, *p, ch);
-        }
-        if (!st) {
-            break;
-        }
-        normal_pages_.fetch_add(p->normal_pages, std::memory_order_relaxed);
-        zero_pages_.fetch_add(p->zero_pages, std::memory_order_relaxed);
-        bytes_.fetch_add(sizeof(header) + p->data_bytes(), std::memory_order_relaxed);
-        if (p->is_sync() && !sync_->channel_sync(id)) {
-            break;
-        }
-    }
-    if (!st) {
-        abort_with(Error(st.error()).prepend(fmt::format("multifd channel {}: ", id)));
-    }
-    sync_->channel_closed(id);
-}
-
-Status IncomingMigration::park_announce(const std::vector<RamBlockDesc> &descs)
+Status IncomingAttempt::park_announce(const std::vector<RamBlockDesc> &descs)
 {
     std::vector<RAMBlock> made;
     for (size_t i = 0; i < descs.size(); i++) {
@@ -158,19 +59,9 @@ Status IncomingMigration::park_announce(const std::vector<RamBlockDesc> &descs)
 // blocks_ is the daemon's list, which the loop reads (a /metrics scrape
 // lists its blocks): the loop appends the new ones, and the load thread
 // reads the list once it has (blocks_handed_ under park_mu_ orders the two).
-Status IncomingMigration::hand_over_blocks(std::vector<RAMBlock> made)
+Status IncomingAttempt::hand_over_blocks(std::vector<RAMBlock> made)
 {
-    auto holder = std::make_shared<std::vector<RAMBlock>>(std::move(made));
-    dispatcher_.post([this, holder] {
-        for (auto &b : *holder) {
-            blocks_.push_back(std::move(b));
-        }
-        {
-            MutexLock lk(park_mu_);
-            blocks_handed_ = true;
-        }
-        park_cv_.notify_all();
-    });
+    owner_.post_blocks(shared_from_this(), std::move(made));
     MutexLock lk(park_mu_);
     while (!blocks_handed_ && !park_abort_) {
         lk.wait(park_cv_);
@@ -181,7 +72,16 @@ Status IncomingMigration::hand_over_blocks(std::vector<RAMBlock> made)
     return {};
 }
 
-const std::vector<RamBlockDesc> *IncomingMigration::packet_blocks()
+void IncomingAttempt::blocks_arrived()
+{
+    {
+        MutexLock lk(park_mu_);
+        blocks_handed_ = true;
+    }
+    park_cv_.notify_all();
+}
+
+const std::vector<RamBlockDesc> *IncomingAttempt::packet_blocks()
 {
     if (!load_cfg_.park) {
         return &load_cfg_.blocks;
@@ -193,7 +93,7 @@ const std::vector<RamBlockDesc> *IncomingMigration::packet_blocks()
     return park_abort_ ? nullptr : &park_descs_;
 }
 
-Result<ParkedVm> IncomingMigration::park_finish(LoadvmResult &result)
+Result<ParkedVm> IncomingAttempt::park_finish(LoadvmResult &result)
 {
     ParkedVm vm;
     vm.dir = params_.park_dir;
@@ -218,16 +118,7 @@ Result<ParkedVm> IncomingMigration::park_finish(LoadvmResult &result)
     return vm;
 }
 
-void IncomingMigration::park_discard()
-{
-    for (size_t i = 0; i < blocks_.size(); i++) {
-        ::unlink(parked_block_path(params_.park_dir, i, blocks_[i].desc.idstr).c_str());
-    }
-    blocks_.clear();
-    parked_.reset();
-}
-
-void IncomingMigration::load_thread_main()
+void IncomingAttempt::load_thread_main()
 {
     for (size_t i = 0; i < multifd_.size(); i++) {
         recv_threads_.emplace_back([this, i] {
@@ -261,14 +152,11 @@ void IncomingMigration::load_thread_main()
         rp_.reset();
     }
     std::string runstate = result ? result->runstate : "inmigrate";
-    dispatcher_.post([this, err, runstate, parked = std::move(parked)]() mutable {
-        parked_ = std::move(parked);
-        finish(err, runstate);
-    });
+    owner_.post_end(weak_from_this(), err, runstate, std::move(parked));
 }
 
 // The stream's OPEN_RETURN_PATH.
-Status IncomingMigration::open_return_path()
+Status IncomingAttempt::open_return_path()
 {
     auto rp = ReturnPathOut::open(main_->ch->fd(), main_->ch->tls(), rp_writes_);
     QMIGD_TRY(rp);
@@ -285,32 +173,26 @@ Status IncomingMigration::open_return_path()
 
 // The status follows the postcopy: active at the package's LISTEN, and
 // again once a recovery's first page came.
-void IncomingMigration::watch_postcopy(ImageLoadHandler &handler)
+void IncomingAttempt::watch_postcopy(ImageLoadHandler &handler)
 {
     if (params_.postcopy_ram) {
         handler.set_postcopy(&received_, [this] {
-            dispatcher_.post([this] {
-                if (status_ == MigrationStatus::PostcopyRecover) {
-                    set_status(MigrationStatus::PostcopyActive);
-                }
-            });
+            owner_.post_status(weak_from_this(), MigrationStatus::PostcopyRecover,
+                               MigrationStatus::PostcopyActive);
         });
     }
     handler.set_on_listen([this] {
         postcopy_listening_ = true;
         spdlog::info("incoming migration: postcopy: the device state is in, the rest of RAM "
                      "follows");
-        dispatcher_.post([this] {
-            if (status_ == MigrationStatus::Active) {
-                set_status(MigrationStatus::PostcopyActive);
-            }
-        });
+        owner_.post_status(weak_from_this(), MigrationStatus::Active,
+                           MigrationStatus::PostcopyActive);
     });
 }
 
 // In postcopy a failure pauses: the guest may run at the source's
 // destination... and here the stream goes on over a new channel.
-Result<LoadvmResult> IncomingMigration::load_postcopy(LoadvmSession &session,
+Result<LoadvmResult> IncomingAttempt::load_postcopy(LoadvmSession &session,
                                                       ImageLoadHandler &handler,
                                                       Result<LoadvmResult> result)
 {
@@ -352,7 +234,7 @@ Result<LoadvmResult> IncomingMigration::load_postcopy(LoadvmSession &session,
 
 // After the stream: the last pages flushed and, parking, the VM made
 // durable (returned for the loop's query); a failure goes into `result`.
-std::optional<ParkedVm> IncomingMigration::end_stream(Result<LoadvmResult> &result,
+std::optional<ParkedVm> IncomingAttempt::end_stream(Result<LoadvmResult> &result,
                                                       ImageLoadHandler &handler)
 {
     if (result) {
@@ -374,7 +256,7 @@ std::optional<ParkedVm> IncomingMigration::end_stream(Result<LoadvmResult> &resu
 
 // The receive threads end (their channels shut down) and are joined;
 // the counts of a load that went well are added.
-void IncomingMigration::end_channels(const Result<LoadvmResult> &result,
+void IncomingAttempt::end_channels(const Result<LoadvmResult> &result,
                                      ImageLoadHandler &handler)
 {
     if (result && result->uuid && params_.uuid == Uuid{}) {
@@ -403,7 +285,7 @@ void IncomingMigration::end_channels(const Result<LoadvmResult> &result,
     recv_threads_.clear();
 }
 
-void IncomingMigration::abort_with(const Error &err)
+void IncomingAttempt::abort_with(const Error &err)
 {
     {
         MutexLock lk(park_mu_);
