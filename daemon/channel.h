@@ -5,10 +5,12 @@
 // (main, multifd, preempt, the return path's direction of the main one).
 //
 // Thread ownership: the Channel's owner (the object that runs the
-// migration) creates it, sets its TLS session before any thread uses it,
-// and destroys it only after joining every thread that uses it; the
-// descriptor therefore stays valid, and its number taken, for as long as
-// any thread can touch it. Data calls: one reading thread and one writing
+// migration) creates it and destroys it only after joining every thread
+// that uses it; its TLS session is set by the one thread that uses the
+// channel at that moment, before any other does (the migration thread for
+// the main channel, each multifd sender for its own after its handshake).
+// The descriptor therefore stays valid, and its number taken, for as long
+// as any thread can touch it. Data calls: one reading thread and one writing
 // thread at a time (GnuTLS allows one send and one receive in parallel on
 // a session: the return path reads the main channel's socket while the
 // migration thread writes it). shutdown(): any thread, any time while the
@@ -38,7 +40,8 @@ public:
     // Borrowed: valid while the Channel lives.
     int fd() const { return fd_.get(); }
     TlsSession *tls() const { return tls_.get(); }
-    // Owner only, before any thread uses the channel.
+    // By the channel's only user at that moment, before a second thread
+    // (the return path's reader, a shutdown) reads tls().
     void set_tls(std::unique_ptr<TlsSession> tls);
 
     // Up to n bytes; 0 at the end of the stream.
