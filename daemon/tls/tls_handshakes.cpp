@@ -3,6 +3,7 @@
 
 #include <chrono>
 
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -93,31 +94,49 @@ bool TlsHandshakes::Progress::silent_after_handshake() const
            steady_ms() - identifying_since_ms.load() >= kIdentifyGraceMs;
 }
 
+// Bytes the peer has sent: those the session read plus those still queued
+// in the socket (the handshake thread may not have read its ClientHello yet).
+uint64_t TlsHandshakes::bytes_sent_by_peer(const Entry &e)
+{
+    int queued = 0;
+    if (ioctl(e.fd, FIONREAD, &queued) != 0 || queued < 0) {
+        queued = 0;
+    }
+    return e.progress.bytes.load() + uint64_t(queued);
+}
+
 // Which handshake a newcomer ends when all places are taken, in order:
 // one that shook hands and stayed silent past the grace (the longest
 // silent first); else the handshake whose peer sent the fewest bytes (a
 // stalled ClientHello; the oldest of equals); else one within its grace.
 // A source's channel is never first: it handshakes at full speed and
-// identifies itself within the grace.
+// identifies itself within the grace. A peer that has sent nothing yet
+// counts, for its first kNewcomerGraceMs, as one that sent a TLS record
+// header: a source sends its ClientHello right after connecting, but a busy
+// host can take a while to run that thread, and a few bytes that stopped
+// are a surer sign of a stall than none yet.
 TlsHandshakes::Entry *TlsHandshakes::to_evict()
 {
-    auto rank = [](const Entry &e) {
-        return e.progress.silent_after_handshake() ? 0 : e.progress.identifying.load() ? 2 : 1;
-    };
+    constexpr uint64_t kRecordHeaderBytes = 5;
+    uint64_t now = uv_now(loop_);
     Entry *pick = nullptr;
     int pick_rank = 3;
+    uint64_t pick_bytes = 0;
     for (Entry &e : entries_) {
         if (e.ended) {
             continue;
         }
-        int r = rank(e);
+        int r = e.progress.silent_after_handshake() ? 0 : e.progress.identifying.load() ? 2 : 1;
+        uint64_t bytes = bytes_sent_by_peer(e);
+        if (bytes == 0 && now - e.started_ms < kNewcomerGraceMs) {
+            bytes = kRecordHeaderBytes;
+        }
         // Entries are in start order: a later one wins only by the rule.
-        bool better = r < pick_rank ||
-                      (r == pick_rank && r == 1 &&
-                       e.progress.bytes.load() < pick->progress.bytes.load());
+        bool better = r < pick_rank || (r == pick_rank && r == 1 && bytes < pick_bytes);
         if (better) {
             pick = &e;
             pick_rank = r;
+            pick_bytes = bytes;
         }
     }
     return pick;

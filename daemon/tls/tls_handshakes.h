@@ -8,10 +8,12 @@
 // taken, one is ended (its socket shut down, which ends its thread): a
 // peer that finished its handshake and has not said what it is (a source
 // does so at once), the oldest first; else the peer that has sent the
-// fewest bytes, the oldest among equals. A source's handshake has sent a
-// whole ClientHello and more, so stalled ClientHellos evict each other, not
-// it, however fast they come. Threads are joined as soon as they post their
-// result, so none is left mapped.
+// fewest bytes (read or still queued), the oldest among equals; a peer that
+// has sent nothing yet counts for its first 250 ms as one that sent a TLS
+// record header. A source's handshake has sent a whole ClientHello and
+// more, so stalled ClientHellos evict each other, not it, however fast they
+// come. Threads are joined as soon as they post their result, so none is
+// left mapped.
 //
 // Thread ownership: the table, its entries and the timer belong to the loop
 // thread, but for an Entry's Progress: its handshake thread writes it (atomics,
@@ -83,6 +85,10 @@ private:
     bool reap(uint64_t id);
     // The entry to end for a newcomer (see above).
     Entry *to_evict();
+    static uint64_t bytes_sent_by_peer(const Entry &e);
+    // How long a peer that has sent nothing yet counts as having sent a
+    // record header (see to_evict()).
+    static constexpr uint64_t kNewcomerGraceMs = 250;
     // Joins the threads of ended entries and drops them (a flood's way).
     void reap_ended();
     void end(Entry &e);
