@@ -230,14 +230,19 @@ PagePaths choose_page_paths(const std::string &dir, const Backing &backing, Page
         p.why = describe(p, "forced");
         return p;
     }
-    if (backing.page_size > TARGET_PAGE_SIZE) {
+    if (backing.kind == BackingKind::Hugetlbfs) {
         // One fault maps a whole huge page, so the mapping costs a copy and
-        // 1/512 of a fault per page; pwrite costs the same copy under the
-        // inode lock, which also serialises the huge-page allocations of all
-        // receive threads (on huge-page tmpfs: 2.2 s against 0.95 s for
-        // 2 GiB, although a warm single-file calibration calls them even).
+        // 1/512 of a fault per page (and write(2) is not there).
         p.read = p.write = PageAccess::Mapped;
         p.why = describe(p, fmt::format("huge pages ({} KiB)", backing.page_size >> 10).c_str());
+        return p;
+    }
+    if (backing.kind == BackingKind::TmpfsHuge) {
+        // The image's mapping faults 4 KiB pages (RamImage::init), but a
+        // pwrite has no mapping to say so: it would allocate a 2 MiB folio
+        // for each page it writes.
+        p.read = p.write = PageAccess::Mapped;
+        p.why = describe(p, "huge-page tmpfs, mapped with 4 KiB pages");
         return p;
     }
     static std::mutex mu;

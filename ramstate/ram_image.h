@@ -118,13 +118,16 @@ private:
     uint8_t *base_ = nullptr;
     uint64_t size_ = 0;
     Backing backing_;
+    // What one fault of the mapping allocates: the backing's page size, but
+    // 4 KiB on huge-page tmpfs (see init()). Set once at open.
+    uint64_t fault_size_ = TARGET_PAGE_SIZE;
     PagePaths paths_;
     // One bit per page: set while the page is a hole. Words are updated with
     // atomic fetch_and from the receive threads (each page by one writer per
     // epoch; atomics because neighbours share a word) and, on the source, by
     // the migration thread at dirty sync while sender threads read them.
     std::vector<uint64_t> known_zero_;
-    // Huge-page backings only: one bit per backing page already faulted in,
+    // Huge-page faults only (hugetlbfs): one bit per huge page already faulted in,
     // [0] for reading, [1] for writing, so the send and receive threads ask
     // the kernel once per huge page, not once per run of 4 KiB pages (those
     // madvise calls were a quarter of a hugetlbfs receiver's CPU). Atomic
