@@ -120,6 +120,11 @@ int main(int argc, char **argv)
     auto *limits = app.add_subcommand("limits", "measure this machine's migration limits (JSON)");
     limits->add_option("--dir", limits_dir, "a directory on the guest RAM's file system")
         ->check(CLI::ExistingDirectory);
+    unsigned limits_idle = 8;
+    limits->add_option("--idle", limits_idle,
+                       "seconds memory sits unused before the idle fault pass; 0 skips it "
+                       "(default 8)")
+        ->check(CLI::Range(0, 600));
     CLI11_PARSE(app, argc, argv);
 
     if (version->parsed()) {
@@ -127,7 +132,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (limits->parsed()) {
-        std::printf("%s\n", measure_limits(limits_dir).dump(2).c_str());
+        std::printf("%s\n", measure_limits(limits_dir, limits_idle).dump(2).c_str());
         return 0;
     }
 

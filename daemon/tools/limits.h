@@ -12,6 +12,8 @@ namespace qmigd {
 // Measures in `dir` (a file system like the guest's): zero scan, memcpy,
 // first write into a fresh shared mapping, pwrite into a fresh file, and
 // loopback TCP with 4 streams; plus the page-path costs of that directory.
-nlohmann::json measure_limits(const std::string &dir);
+// With idle_s > 0, also the first write into memory left unused for that
+// long (fault_idle_ns_per_page; -1 when idle_s is 0).
+nlohmann::json measure_limits(const std::string &dir, unsigned idle_s);
 
 } // namespace qmigd

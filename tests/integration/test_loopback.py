@@ -64,12 +64,13 @@ def test_local_destination_gets_small_send_buffers():
 def test_limits_reports_this_machine():
     """`qmigd limits` measures every figure bench.py's bounds use, leaves
     no scratch file behind, and refuses a directory that is not there."""
-    p = subprocess.Popen([QMIGD, "limits", "--dir", "/dev/shm"], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([QMIGD, "limits", "--dir", "/dev/shm", "--idle", "1"],
+                         stdout=subprocess.PIPE, text=True)
     out, _ = p.communicate(timeout=300)
     check(p.returncode == 0, f"qmigd limits: {p.returncode}")
     lim = json.loads(out)
     for key in ("zero_scan_gbps", "memcpy_gbps", "fault_ns_per_page", "fault_fresh_ns_per_page",
-                "pwrite_gbps", "tcp_loopback_gbps", "tcp_cpu_s_per_gib", "tcp_cached_gbps",
+                "fault_idle_ns_per_page", "pwrite_gbps", "tcp_loopback_gbps", "tcp_cpu_s_per_gib", "tcp_cached_gbps",
                 "tcp_cached_cpu_s_per_gib"):
         check(lim.get(key, -1) > 0, f"{key}: {lim.get(key)}")
     check(lim["fault_ns_per_page"] <= lim["fault_fresh_ns_per_page"], lim)
