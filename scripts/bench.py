@@ -117,7 +117,7 @@ def one_run(pair, src_img, size, cell, verify, idle=0.0):
     gets the same pause: memory freed and left idle is taken back by the
     host, and the next first touch pays to back it again); returns a dict
     of measurements."""
-    backing, content, channels, zpd, compression = cell
+    backing, content, channels, zpd, compression = cell[:5]
     dst_img = os.path.join(os.path.dirname(src_img), unique_name("bench-dst") + ".ram")
     src = dst = None
     keep_logs = True  # until the run is known good: a failure keeps them
@@ -169,6 +169,7 @@ def huge_pages_touched(path):
 
 
 SHORT_SECS = 2.0
+DEFAULT_IDLE = 1.0  # seconds before each run; other --idle values name their cells
 
 
 def is_short(per_pair):
@@ -192,7 +193,8 @@ def cells_of(args):
             for ch in args.channels:
                 for zpd in args.zpd:
                     for comp in args.compression:
-                        yield (backing, content, ch, zpd, comp)
+                        for idle in args.idle:
+                            yield (backing, content, ch, zpd, comp, idle)
 
 
 def run_backing(backing, size, args, results, limits):
@@ -228,7 +230,7 @@ def run_backing(backing, size, args, results, limits):
                             order = args.pairs if r % 2 == 0 else args.pairs[::-1]
                             for position, pair in enumerate(order):
                                 run = one_run(pair, src_img, size, cell,
-                                              args.verify == "all" or r == 0, args.idle)
+                                              args.verify == "all" or r == 0, cell[5])
                                 run["position"] = position
                                 results.setdefault(cell, {}).setdefault(pair, []).append(run)
                                 CELL_SIZE[cell] = size
@@ -260,9 +262,10 @@ def save_json(path, results, limits):
 
 
 def fmt_cell(cell):
-    backing, content, ch, zpd, comp = cell
+    backing, content, ch, zpd, comp, idle = cell
     return (f"{backing} {content} {'mf' + str(ch) if ch else 'plain'} {zpd}"
-            + (f" {comp}" if comp != "none" else "") + (" tls" if TLS_DIRS else ""))
+            + (f" {comp}" if comp != "none" else "") + (" tls" if TLS_DIRS else "")
+            + (f" idle {idle:g}s" if idle != DEFAULT_IDLE else ""))
 
 
 def machine_bound(cell, runs, size, limits):
@@ -389,7 +392,7 @@ ZPD_WORDS = {"none": "no zero-page check", "legacy": "zero check on the main thr
 def cell_words(cell):
     """A cell as a chart labels it: "/dev/shm, zero pages, 4 channels"
     (the zero-page detection only where it is not multifd's own)."""
-    backing, content, ch, zpd, comp = cell
+    backing, content, ch, zpd, comp, idle = cell
     parts = [BACKING_WORDS.get(backing, backing), CONTENT_WORDS.get(content, content),
              f"{ch} channel{'s' if ch != 1 else ''}" if ch else "no multifd"]
     if zpd != "multifd" or not ch:
@@ -398,6 +401,8 @@ def cell_words(cell):
         parts.append(f"{comp} compression")
     if TLS_DIRS:
         parts.append("TLS")
+    if idle != DEFAULT_IDLE:
+        parts.append(f"{idle:g} s idle before")
     return ", ".join(parts)
 
 
@@ -447,10 +452,11 @@ def main():
     ap.add_argument("--warmup", type=int, default=1,
                     help="one untimed qmigd -> qmigd run per image first (0: none; default "
                     "%(default)s)")
-    ap.add_argument("--idle", type=float, default=1.0,
-                    help="seconds with nothing running before every run, the same for all "
-                    "(default %(default)s; a long one measures a host that waited for the "
-                    "migration: memory it must back again)")
+    ap.add_argument("--idle", default=str(DEFAULT_IDLE),
+                    help="seconds with nothing running before every run, the same for all; a "
+                    "comma list makes a cell of each (default %(default)s; a long one, e.g. "
+                    "1,8, measures a host that waited for the migration: memory it must back "
+                    "again)")
     ap.add_argument("--limits", action="store_true", help="measure this machine's limits (default off)")
     ap.add_argument("--out", help="write the markdown table here (default: print only)")
     ap.add_argument("--json", help="write all runs here (default: none)")
@@ -466,6 +472,7 @@ def main():
         results = {}
         for r in saved["runs"]:
             cell = tuple(r["cell"]) + ("none",) * (5 - len(r["cell"]))  # older files: no compression
+            cell += (DEFAULT_IDLE,) * (6 - len(cell))  # nor idle
             results.setdefault(cell, {})[tuple(r["pair"])] = r["runs"]
             CELL_SIZE[cell] = r.get("size") or parse_size(
                 GRID_4K["size"] if cell[0] == "shm" else GRID_HUGE["size"])
@@ -477,6 +484,7 @@ def main():
             plot(results, args.plot)
         return
     args.pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
+    args.idle = [float(x) for x in args.idle.split(",")]
     if args.tls:
         import tempfile
         import tls_certs
@@ -503,7 +511,7 @@ def main():
         print(f"{args.size} images ({size_words(size)} each, two per run: have "
               f"{size_words(2 * size)} free), {args.repeat} runs each ({args.repeat_short} if under "
               f"{SHORT_SECS:.0f} s), pairs interleaved in an order reversed every other round, "
-              f"{args.idle:g} s idle before each run", flush=True)
+              f"{' or '.join(f'{i:g}' for i in args.idle)} s idle before each run", flush=True)
         for backing in args.backing:
             run_backing(backing, size, args, results, limits)
     text = table(results, size, limits) + "\n\n" + memory_table(results)
