@@ -13,7 +13,8 @@ import time
 
 from itest import test, main, check, skip
 from fixtures import images, MiB
-from runner import Peer, migrate, files_equal, wait_status, start_incoming, free_port
+from runner import (Peer, migrate, files_equal, wait_status, start_incoming, free_port,
+                    SANITIZED)
 from netns import TwoHosts, Unavailable
 
 SIZE = 256 * MiB
@@ -102,9 +103,12 @@ def test_link_cut_between_two_qmigd():
 @test
 def test_qemu_source_cut_off_from_qmigd_destination():
     """QEMU would wait for its kernel; the qmigd destination (default
-    --link-timeout, 30 s) fails on its own and takes a new migrate-incoming."""
+    --link-timeout, 30 s; 5 s in the sanitizer builds, which run this for
+    the threads' sake, not the default's) fails on its own and takes a new
+    migrate-incoming."""
+    extra = ["--link-timeout", "5000"] if SANITIZED else None
     with hosts("1gbit") as net, images(SIZE, "random") as imgs, \
-            pair(net, imgs, src_kind="qemu") as (s, d):
+            pair(net, imgs, src_kind="qemu", extra=extra) as (s, d):
         t_cut = start_and_cut(net, s, d, d)
         dst_secs, dst_err = wait_failed(d, t_cut, 60)
         print(f"  link cut -> destination failed after {dst_secs:.1f} s ({dst_err}); QEMU "
