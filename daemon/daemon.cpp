@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "daemon/migration_threads.h"
 #include "daemon/service/sandbox.h"
 #include "protocol/wire.h"
 #include "monitor/hmp.h"
@@ -214,6 +215,10 @@ void Daemon::register_commands()
     });
     register_migration_commands();
     register_vm_commands();
+    register_migration_threads_command(*qmp_);
+    if (opts_.role == Role::Source) {
+        dirty_rate_ = register_dirty_rate_commands(*qmp_, blocks_);
+    }
     hmp_register(*qmp_, [](const std::string &uri) -> std::optional<std::string> {
         auto addr = parse_migration_uri(uri);
         return addr ? std::nullopt : std::optional<std::string>(addr.error().message());

@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include "daemon/dest/incoming.h"
+#include "daemon/source/dirty_rate_commands.h"
 #include "daemon/io/unique_fd.h"
 #include "daemon/service/metrics_server.h"
 #include "daemon/service/service_notify.h"
@@ -89,6 +90,8 @@ private:
     // Source --ram-dir: the parked VM it serves (read-only, shared with
     // each migration's parameters).
     std::shared_ptr<const ParkedVm> parked_;
+    // Source: calc-dirty-rate's measurement over blocks_ (ended before them).
+    std::unique_ptr<DirtyRateMeasure> dirty_rate_;
     std::unique_ptr<IncomingMigration> incoming_;
     std::unique_ptr<OutgoingMigration> outgoing_;
     std::string runstate_;        // QAPI RunState of this "VM"

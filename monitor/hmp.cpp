@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "monitor/hmp_dirty_rate.h"
 #include "monitor/qapi_visit.h"
 #include "monitor/qemu_size.h"
 
@@ -91,6 +92,9 @@ struct HmpCommand {
     int strings;
     bool boolean;
     std::string (*run)(const HmpCall &);
+    // After the flags, the rest of the words go to run() unparsed (its
+    // arguments are expressions: calc_dirty_rate).
+    bool rest = false;
 };
 
 QmpResult query(QmpServer &server, const char *name)
@@ -183,6 +187,16 @@ std::string migrate_incoming(const HmpCall &c)
     return simple(c, "migrate-incoming", {{"uri", c.args[0]}});
 }
 
+std::string calc_dirty_rate(const HmpCall &c)
+{
+    std::string rest;
+    for (const auto &w : c.args) {
+        rest += (rest.empty() ? "" : " ") + w;
+    }
+    return hmp_calc_dirty_rate(c.server, c.flags.find('r') != std::string::npos,
+                               c.flags.find('b') != std::string::npos, rest, "calc_dirty_rate");
+}
+
 using Formatter = std::string (*)(const json &);
 std::string info_of(const HmpCall &c, const char *qmp_name, Formatter f)
 {
@@ -191,6 +205,8 @@ std::string info_of(const HmpCall &c, const char *qmp_name, Formatter f)
 }
 
 const HmpCommand kInfoCommands[] = {
+    {"dirty_rate", "", "show dirty rate information", "", 0, false,
+     [](const HmpCall &c) { return info_of(c, "query-dirty-rate", hmp_format_info_dirty_rate); }},
     {"migrate", "", "show migration status", "", 0, false,
      [](const HmpCall &c) { return info_of(c, "query-migrate", hmp_format_info_migrate); }},
     {"migrate_capabilities", "", "show current migration capabilities", "", 0, false,
@@ -212,6 +228,11 @@ std::string run_help(const HmpCall &c);
 
 // Sorted by name, as QEMU lists them.
 const HmpCommand kCommands[] = {
+    {"calc_dirty_rate", "[-r] [-b] second [sample_pages_per_GB]",
+     "start a round of guest dirty rate measurement (using -r to\r\n\t\t\t specify dirty ring "
+     "as the method of calculation and\r\n\t\t\t -b to specify dirty bitmap as method of "
+     "calculation)",
+     "rb", 0, false, calc_dirty_rate, true},
     {"cont|c", "", "resume emulation", "", 0, false,
      [](const HmpCall &c) { return simple(c, "cont"); }},
     {"help|?", "[cmd]", "show the help", "", -1, false, run_help},
@@ -312,6 +333,10 @@ std::string invoke(const HmpCommand &cmd, QmpServer &server, const HmpUriCheck &
         } else if (!std::strchr(f + 1, seen)) {
             return usage_error(name, topic, std::string("unsupported option -") + seen);
         }
+    }
+    if (cmd.rest) {
+        call.args.assign(w.begin() + long(i), w.end());
+        return cmd.run(call);
     }
     for (int k = 0; k < cmd.strings; k++, i++) {
         if (i >= w.size()) {

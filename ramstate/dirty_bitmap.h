@@ -4,8 +4,12 @@
 // OR after writing the page. The migration source collects bits with an
 // atomic exchange of each word to zero (get-and-clear, like KVM's dirty
 // log), so a write that races with a sync is seen by this sync or the next.
+// calc-dirty-rate collects too, without taking bits from a migration: what
+// it collects waits in a process-local bitmap that the next sync_and_clear
+// takes as well (QEMU's dirty log feeding both of its dirty-memory clients).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -37,6 +41,14 @@ public:
     // given, sees each word's collected bits.
     uint64_t sync_and_clear(std::vector<uint64_t> &dest,
                             const std::function<void(size_t, uint64_t)> &on_word = {});
+    // calc-dirty-rate's sync: takes the set bits out of the shared file
+    // into the pending bitmap, where sync_and_clear finds them. Any thread;
+    // one caller at a time (the dirty-rate thread). False: no memory for
+    // the pending bitmap (nothing taken).
+    bool sync_to_pending();
+    // Pages collected out of the shared file so far by either sync, each
+    // time it was found set (QEMU's total_dirty_pages): dirty-bitmap's count.
+    uint64_t collected() const { return collected_.load(std::memory_order_relaxed); }
 
 private:
     DirtyBitmap() = default;
@@ -45,6 +57,16 @@ private:
     uint64_t *bits_ = nullptr; // in file_, shared with other processes: atomic access only
     uint64_t pages_ = 0;
     size_t words_ = 0;
+    // Bits sync_to_pending() took, until sync_and_clear() takes them on:
+    // allocated by the first sync_to_pending() (calloc: untouched memory
+    // until a bit lands there), words accessed atomically. `has_pending_`
+    // is set after bits land, so a sync that misses them sees it next time.
+    std::atomic<uint64_t *> pending_{nullptr};
+    std::atomic<bool> has_pending_{false};
+    std::atomic<uint64_t> collected_{0};
+
+    uint64_t take_word(size_t i);
+    uint64_t take_pending_word(size_t i);
 };
 
 // Bytes of a bitmap file for `pages` pages: whole 64-bit words.

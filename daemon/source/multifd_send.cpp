@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "daemon/migration_threads.h"
 #include "daemon/thread_name.h"
 
 namespace qmigd {
@@ -43,7 +44,9 @@ void MultifdSend::start()
     for (auto &sp : senders_) {
         Sender *s = sp.get();
         s->thread = std::thread([this, s] {
-            set_thread_name("mig/src/send_" + std::to_string(s->id));
+            std::string name = "mig/src/send_" + std::to_string(s->id);
+            set_thread_name(name);
+            ListedMigrationThread listed(name); // query-migrationthreads
             channel_main(*s);
         });
     }

@@ -8,6 +8,7 @@
 
 #include "daemon/socket_io.h"
 #include "daemon/io/file_channel.h"
+#include "daemon/migration_threads.h"
 #include "daemon/thread_name.h"
 #include "ramstate/zero_page.h"
 
@@ -194,6 +195,7 @@ void OutgoingMigration::on_connected(Result<std::vector<UniqueFd>> fds)
         set_thread_name("mig/src/main");
         std::optional<Error> err;
         {
+            ListedMigrationThread listed("mig/src/main"); // query-migrationthreads
             MigrationThread t(params_, blocks_, std::move(fds), *shared_, guest_, *this);
             Status st = t.run();
             if (!st) {

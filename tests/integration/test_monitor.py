@@ -189,7 +189,7 @@ SCRIPT.append(('{"execute": "query-migrate-parameters"}', "value"))
 COMMANDS = ["qmp_capabilities", "query-version", "query-commands", "query-status", "stop", "cont",
             "quit", "migrate-set-capabilities", "query-migrate-capabilities",
             "migrate-set-parameters", "query-migrate-parameters", "migrate", "migrate-incoming",
-            "migrate_cancel", "query-migrate", "human-monitor-command"]
+            "migrate_cancel", "query-migrate", "human-monitor-command", "query-migrationthreads"]
 BAD_ARGS = []
 for _c in COMMANDS:
     BAD_ARGS.append((json.dumps({"execute": _c, "arguments": {"bogus-arg": 1}}), "desc"))
