@@ -14,7 +14,7 @@ namespace qmigd {
 
 namespace {
 
-int64_t steady_ms()
+int64_t monotonic_ms()
 {
     using namespace std::chrono;
     return duration_cast<milliseconds>(steady_clock::now().time_since_epoch()).count();
@@ -95,6 +95,12 @@ void DirtyRateMeasure::run(DirtyRateConfig config)
     stat_.status = DirtyRateStatus::Measured;
 }
 
+bool DirtyRateMeasure::stopping() const
+{
+    MutexLock lock(mu_);
+    return stop_;
+}
+
 void DirtyRateMeasure::set_start_time()
 {
     MutexLock lock(mu_);
@@ -113,7 +119,7 @@ int64_t DirtyRateMeasure::wait_from(int64_t start_ms, int64_t calc_time_ms)
             lock.wait_until(wake_, until);
         }
     }
-    int64_t took = steady_ms() - start_ms;
+    int64_t took = monotonic_ms() - start_ms;
     MutexLock lock(mu_);
     stat_.calc_time_ms = took;
     return took;
@@ -137,7 +143,7 @@ int64_t DirtyRateMeasure::measure_dirty_bitmap(const DirtyRateConfig &config)
         return total;
     };
     uint64_t before = sync();
-    int64_t start = steady_ms();
+    int64_t start = monotonic_ms();
     set_start_time();
     int64_t took = wait_from(start, config.calc_time_ms);
     return dirty_rate_from_pages(sync() - before, took);
@@ -148,7 +154,7 @@ int64_t DirtyRateMeasure::measure_dirty_bitmap(const DirtyRateConfig &config)
 // changed hashes times the blocks' size is the rate.
 int64_t DirtyRateMeasure::measure_page_sampling(const DirtyRateConfig &config)
 {
-    int64_t start = steady_ms();
+    int64_t start = monotonic_ms();
     set_start_time();
     std::mt19937_64 rng{std::random_device{}()};
     std::vector<BlockSamples> samples;
@@ -163,6 +169,9 @@ int64_t DirtyRateMeasure::measure_page_sampling(const DirtyRateConfig &config)
         for (uint64_t i = dirty_rate_samples(bytes, config.sample_pages); i > 0; i--) {
             uint32_t h = 0;
             uint64_t page = pick(rng);
+            if (i % 4096 == 0 && stopping()) {
+                return -1;
+            }
             if (!hash_page(b, page, &h)) {
                 return -1;
             }
@@ -176,6 +185,9 @@ int64_t DirtyRateMeasure::measure_page_sampling(const DirtyRateConfig &config)
     for (const auto &s : samples) {
         for (size_t i = 0; i < s.pages.size(); i++) {
             uint32_t h = 0;
+            if (i % 4096 == 0 && stopping()) {
+                return -1;
+            }
             if (!hash_page(*s.block, s.pages[i], &h)) {
                 return -1;
             }

@@ -55,6 +55,8 @@ private:
     int64_t measure_dirty_bitmap(const DirtyRateConfig &config);
     int64_t measure_page_sampling(const DirtyRateConfig &config);
     void set_start_time();
+    // Quit is waiting: a long page-sampling (a huge guest) ends early.
+    bool stopping() const;
 
     const std::vector<RAMBlock> &blocks_;
     mutable Mutex mu_;
