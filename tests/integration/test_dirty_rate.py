@@ -28,7 +28,11 @@ def query(**args):
     return json.dumps({"execute": "query-dirty-rate", "arguments": args})
 
 
-# (request, what to compare, seconds to wait after it). "desc": same error
+# After a calc: until the measurement runs (QEMU 10 says `unstarted` until
+# its thread has begun, which a loaded host can delay).
+STARTED = "started"
+
+# (request, what to compare, seconds to wait after it, or STARTED). "desc": same error
 # text (or both succeed); "info": a query-dirty-rate answer, the same but
 # for the time it started; "text": HMP text, the same but for numbers of
 # seconds and milliseconds.
@@ -54,7 +58,7 @@ SCRIPT = [
     (calc(**{"calc-time": 1, "sample-pages": 16385}), "desc", 0),
     (calc(**{"calc-time": 1, "sample-pages": -5}), "desc", 0),
     (calc(**{"calc-time": 1, "sample-pages": 1.5}), "desc", 0),
-    (calc(**{"calc-time": 1}), "desc", 0),
+    (calc(**{"calc-time": 1}), "desc", STARTED),
     (query(), "info", 0),
     (calc(**{"calc-time": 1}), "desc", 0),  # one is measuring
     (hmp("calc_dirty_rate 1"), "text", 0),
@@ -91,12 +95,25 @@ SCRIPT = [
 ]
 
 
+def wait_rate_status(q, done):
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not done(q.cmd("query-dirty-rate")["status"]):
+        time.sleep(0.02)
+
+
 def run_script(q):
+    """Each line's reply; after a line with a wait, that long and then
+    until no measurement runs (a loaded host can take longer than the
+    measurement's own time to end it)."""
     replies = []
     for line, _, wait in SCRIPT:
         q.send_raw(line + "\n")
         replies.append(q.read_reply())
-        time.sleep(wait)
+        if wait == STARTED:
+            wait_rate_status(q, lambda st: st != "unstarted")
+        elif wait:
+            time.sleep(wait)
+            wait_rate_status(q, lambda st: st != "measuring")
     return replies
 
 
