@@ -97,16 +97,6 @@ void OutgoingMigration::shutdown_channels()
     }
 }
 
-// Descriptors a connect or an open handed over, owned from here on.
-static std::vector<UniqueFd> adopt_fds(const std::vector<int> &fds)
-{
-    std::vector<UniqueFd> r;
-    for (int fd : fds) {
-        r.emplace_back(fd);
-    }
-    return r;
-}
-
 Status OutgoingMigration::start(const MigrationAddress &addr, const OutgoingParams &params)
 {
     if (thread_.joinable()) {
@@ -136,38 +126,34 @@ Status OutgoingMigration::start(const MigrationAddress &addr, const OutgoingPara
     if (addr.transport != MigrationAddress::Transport::Socket) {
         // One file or pipe. QEMU fails both the migration and the command
         // when it cannot be opened.
-        auto fd = one_channel_open(loop_, addr, true, params.tls.enabled(), fd_source_,
+        auto fd = open_one_channel(loop_, addr, true, params.tls.enabled(), fd_source_,
                                    &child_);
         if (!fd) {
             on_connected(fd.error());
             return fd.error();
         }
-        std::vector<UniqueFd> fds = adopt_fds({*fd});
+        std::vector<UniqueFd> fds;
+        fds.push_back(std::move(*fd));
         if (params.mapped_ram && params.multifd) {
-            auto more = file_channels_open(addr, true, params.channels, params.direct_io);
+            auto more = open_file_channels(addr, true, params.channels, params.direct_io);
             if (!more) { // QEMU opens them after `migrate` returned: only the migration fails
                 on_connected(more.error()); // the main channel's descriptor closes with fds
                 return {};
             }
-            for (int f : *more) {
-                fds.emplace_back(f);
+            for (UniqueFd &f : *more) {
+                fds.push_back(std::move(f));
             }
         }
         on_connected(std::move(fds));
         return {};
     }
     unsigned count = 1 + (params.multifd ? params.channels : 0);
-    auto done = [this, gen](Result<std::vector<int>> fds) {
+    auto done = [this, gen](Result<std::vector<UniqueFd>> fds) {
         connect_.reset();
-        std::vector<UniqueFd> owned = fds ? adopt_fds(*fds) : std::vector<UniqueFd>();
         if (gen != generation_ || status_ != MigrationStatus::Setup) {
-            return; // a cancelled attempt's: closed with `owned`
+            return; // a cancelled attempt's: closed with `fds`
         }
-        if (!fds) {
-            on_connected(fds.error());
-            return;
-        }
-        on_connected(std::move(owned));
+        on_connected(std::move(fds));
     };
     connect_ = SocketConnect::start(loop_, addr.socket, count, std::move(done));
     return {};
@@ -303,11 +289,10 @@ Status OutgoingMigration::resume(const MigrationAddress &addr)
     }
     set_status(MigrationStatus::PostcopyRecoverSetup);
     uint64_t gen = ++generation_;
-    connect_ = SocketConnect::start(loop_, addr.socket, 1, [this, gen](Result<std::vector<int>> fds) {
+    auto done = [this, gen](Result<std::vector<UniqueFd>> fds) {
         connect_.reset();
-        std::vector<UniqueFd> owned = fds ? adopt_fds(*fds) : std::vector<UniqueFd>();
         if (gen != generation_ || status_ != MigrationStatus::PostcopyRecoverSetup) {
-            return; // closed with `owned`
+            return; // closed with `fds`
         }
         if (!fds) {
             // Never fail a postcopy migration: paused again, for another try.
@@ -317,9 +302,9 @@ Status OutgoingMigration::resume(const MigrationAddress &addr)
             set_status(MigrationStatus::PostcopyPaused);
             return;
         }
-        set_link_timeout(owned.front().get(), params_.link_timeout_ms);
+        set_link_timeout(fds->front().get(), params_.link_timeout_ms);
         set_status(MigrationStatus::PostcopyRecover);
-        auto ch = std::make_unique<Channel>(std::move(owned.front()));
+        auto ch = std::make_unique<Channel>(std::move(fds->front()));
         add_channel(*ch); // cancel and migrate-pause shut it from now on
         {
             MutexLock lk(shared_->resume_mu);
@@ -327,7 +312,8 @@ Status OutgoingMigration::resume(const MigrationAddress &addr)
             shared_->pause_error.clear(); // migrate_error_free()
         }
         shared_->resume_cv.notify_all();
-    });
+    };
+    connect_ = SocketConnect::start(loop_, addr.socket, 1, std::move(done));
     spdlog::info("migration: resuming the paused postcopy via {}", addr.uri());
     return {};
 }

@@ -47,11 +47,11 @@ bool MigrationThread::postcopy_requested() const
 // package.
 Status MigrationThread::preempt_connect()
 {
-    auto fd = connect_to_peer_of(main_->fd(), p_.link_timeout_ms);
+    auto fd = connect_to_peer(main_->fd(), p_.link_timeout_ms);
     if (!fd) {
         return Error(fd.error()).prepend("postcopy_start: Failed to establish preempt channel: ");
     }
-    preempt_ch_ = std::make_unique<Channel>(UniqueFd(*fd));
+    preempt_ch_ = std::make_unique<Channel>(std::move(*fd));
     owner_.add_channel(*preempt_ch_); // cancel, migrate-pause and quit shut it too
     set_link_timeout(preempt_ch_->fd(), p_.link_timeout_ms);
     preempt_out_ = std::make_unique<QEMUFileWriter>(*preempt_ch_);
