@@ -81,10 +81,10 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     }
     if (addr.transport != MigrationAddress::Transport::Socket) {
         // The stream is one file or pipe: the main channel at once.
-        auto opened = one_channel_open(loop_, addr, false, params.tls.enabled(), fd_source_,
+        auto opened = open_one_channel(loop_, addr, false, params.tls.enabled(), fd_source_,
                                        &run_->child_);
         QMIGD_TRY(opened);
-        UniqueFd fd(*opened);
+        UniqueFd fd = std::move(*opened);
         if (params.mapped_ram) {
             QMIGD_TRY(open_mapped_ram(addr, fd.get()));
         }

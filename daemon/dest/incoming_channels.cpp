@@ -83,9 +83,8 @@ void IncomingMigration::on_prefix(PendingConnection *c, const Error *err)
             c->want(MULTIFD_INIT_SIZE); // a whole init message, or a stranger
             return;
         }
-        auto fd = c->take();
-        if (fd) {
-            UniqueFd dropped(*fd);
+        auto dropped = c->take_socket(); // closed on return
+        if (dropped) {
             extra_connection(prefix);
         }
         return;
@@ -95,12 +94,12 @@ void IncomingMigration::on_prefix(PendingConnection *c, const Error *err)
         c->want(MULTIFD_INIT_SIZE);
         return;
     }
-    auto fd = c->take();
+    auto fd = c->take_socket();
     if (!fd) {
         fail_setup(fd.error());
         return;
     }
-    adopt(std::move(prefix), std::make_unique<Channel>(UniqueFd(*fd)));
+    adopt(std::move(prefix), std::make_unique<Channel>(std::move(*fd)));
 }
 
 void IncomingMigration::extra_connection(const std::vector<uint8_t> &prefix)
@@ -257,14 +256,14 @@ size_t IncomingMigration::tls_record_wanted(const std::vector<uint8_t> &prefix)
 void IncomingMigration::start_tls(PendingConnection *c)
 {
     auto raw = c->prefix();
-    auto fd = c->take();
+    auto fd = c->take_socket();
     if (!fd) {
         if (status_ == MigrationStatus::Setup) {
             fail_setup(fd.error());
         }
         return;
     }
-    handshake_on_thread(UniqueFd(*fd), std::move(raw));
+    handshake_on_thread(std::move(*fd), std::move(raw));
 }
 
 // `raw`: the bytes a listener read already (the ClientHello's first ones).
@@ -401,10 +400,10 @@ Status IncomingMigration::open_mapped_ram(const MigrationAddress &addr, int fd)
     run_->file_in_.file_size = uint64_t(st.st_size);
     run_->file_in_.threads = params_.multifd ? std::max(params_.channels, 1u) : 1;
     if (params_.direct_io) {
-        auto fds = file_channels_open(addr, false, run_->file_in_.threads, true);
+        auto fds = open_file_channels(addr, false, run_->file_in_.threads, true);
         QMIGD_TRY(fds);
-        for (int d : *fds) {
-            run_->file_in_.direct_fds.emplace_back(d);
+        for (UniqueFd &d : *fds) {
+            run_->file_in_.direct_fds.push_back(std::move(d));
         }
     }
     return {};

@@ -26,12 +26,12 @@ bool IncomingMigration::take_preempt(PendingConnection *c)
     if (run_->preempt_ended_ || run_->preempt_) {
         return false; // a stranger, as any other connection
     }
-    auto fd = c->take();
+    auto fd = c->take_socket();
     if (!fd) {
         return true;
     }
-    set_link_timeout(*fd, params_.link_timeout_ms);
-    run_->preempt_ = std::make_unique<Channel>(UniqueFd(*fd));
+    set_link_timeout(fd->get(), params_.link_timeout_ms);
+    run_->preempt_ = std::make_unique<Channel>(std::move(*fd));
     run_->preempt_done_ = run_->preempt_used_ = false;
     run_->preempt_thread_ = std::thread([run = run_.get(), ch = run_->preempt_.get()] {
         set_thread_name("mig/dst/preempt");
@@ -214,11 +214,11 @@ bool IncomingMigration::take_recovered(PendingConnection *c)
     if (status_ != MigrationStatus::PostcopyPaused || !run_->main_) {
         return false;
     }
-    auto fd = c->take();
+    auto fd = c->take_socket();
     if (!fd) {
         return true;
     }
-    set_link_timeout(*fd, params_.link_timeout_ms);
+    set_link_timeout(fd->get(), params_.link_timeout_ms);
     set_status(MigrationStatus::PostcopyRecover);
     spdlog::info("incoming migration: postcopy recovery: new main channel connected");
     {
@@ -226,7 +226,7 @@ bool IncomingMigration::take_recovered(PendingConnection *c)
         // it when it paused); main_'s stays open, shut, until cleanup.
         MutexLock lk(run_->recover_mu_);
         run_->current_main()->shutdown();
-        run_->recovered_ = std::make_unique<Channel>(UniqueFd(*fd));
+        run_->recovered_ = std::make_unique<Channel>(std::move(*fd));
         run_->recover_new_ = true;
     }
     run_->recover_cv_.notify_all();
