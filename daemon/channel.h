@@ -37,8 +37,11 @@ public:
     Channel(const Channel &) = delete;
     Channel &operator=(const Channel &) = delete;
 
-    // Borrowed: valid while the Channel lives.
+    // Borrowed: valid while the Channel lives. fd() for a system call on
+    // it, descriptor() for an object that keeps using it (a TLS session,
+    // a zero-copy sender, a second connection to its peer).
     int fd() const { return fd_.get(); }
+    const UniqueFd &descriptor() const { return fd_; }
     TlsSession *tls() const { return tls_.get(); }
     // By the channel's only user at that moment, before a second thread
     // (the return path's reader, a shutdown) reads tls().

@@ -91,7 +91,7 @@ private:
     void start_tls(PendingConnection *c);
     static size_t tls_record_wanted(const std::vector<uint8_t> &prefix);
     void handshake_on_thread(UniqueFd fd, std::vector<uint8_t> raw);
-    Result<std::vector<uint8_t>> tls_identify(int fd, std::vector<uint8_t> raw,
+    Result<std::vector<uint8_t>> tls_identify(const UniqueFd &fd, std::vector<uint8_t> raw,
                                               TlsHandshakes::Progress &progress,
                                               std::unique_ptr<TlsSession> *tls);
     // `ended`: handshakes_ ended it (a stranger past its deadline). `ch`

@@ -277,14 +277,13 @@ void IncomingMigration::handshake_on_thread(UniqueFd fd, std::vector<uint8_t> ra
         handshakes_ = std::make_unique<TlsHandshakes>(loop_, dispatcher_, l);
     }
     uint64_t gen = generation_;
-    int borrowed = fd.get();
     // Held here until tls_ready() makes it a Channel (or closed with the
     // work, should its result never come).
     auto owned = std::make_shared<UniqueFd>(std::move(fd));
-    handshakes_->start(borrowed, [this, gen, owned, raw = std::move(raw)](
-                                     TlsHandshakes::Progress &progress) {
+    handshakes_->start(*owned, [this, gen, owned, raw = std::move(raw)](
+                                   TlsHandshakes::Progress &progress) {
         auto tls = std::make_shared<std::unique_ptr<TlsSession>>();
-        auto prefix = tls_identify(owned->get(), raw, progress, tls.get());
+        auto prefix = tls_identify(*owned, raw, progress, tls.get());
         return TlsHandshakes::Then([this, gen, owned, prefix, tls](bool ended) {
             auto ch = std::make_unique<Channel>(std::move(*owned), std::move(*tls));
             tls_ready(gen, std::move(ch), prefix, ended);
@@ -295,7 +294,8 @@ void IncomingMigration::handshake_on_thread(UniqueFd fd, std::vector<uint8_t> ra
 // Handshake thread: the handshake, then the first decrypted bytes, which
 // say what the channel is: a main channel's magic, or a multifd init
 // message (64 bytes).
-Result<std::vector<uint8_t>> IncomingMigration::tls_identify(int fd, std::vector<uint8_t> raw,
+Result<std::vector<uint8_t>> IncomingMigration::tls_identify(const UniqueFd &fd,
+                                                             std::vector<uint8_t> raw,
                                                              TlsHandshakes::Progress &progress,
                                                              std::unique_ptr<TlsSession> *tls)
 {

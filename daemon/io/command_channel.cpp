@@ -28,18 +28,6 @@ struct ProcData {
 
 Result<std::shared_ptr<CommandChild>> CommandChild::spawn(uv_loop_t *loop,
                                                           const std::vector<std::string> &argv,
-                                                          Direction dir, int *fd)
-{
-    UniqueFd ours;
-    auto child = spawn(loop, argv, dir, &ours);
-    if (child) {
-        *fd = ours.release();
-    }
-    return child;
-}
-
-Result<std::shared_ptr<CommandChild>> CommandChild::spawn(uv_loop_t *loop,
-                                                          const std::vector<std::string> &argv,
                                                           Direction dir, UniqueFd *fd)
 {
     std::string command = fmt::format("{}", fmt::join(argv, " "));

@@ -31,10 +31,6 @@ public:
     static Result<std::shared_ptr<CommandChild>> spawn(uv_loop_t *loop,
                                                        const std::vector<std::string> &argv,
                                                        Direction dir, UniqueFd *fd);
-    // The same with a raw descriptor the caller closes.
-    static Result<std::shared_ptr<CommandChild>> spawn(uv_loop_t *loop,
-                                                       const std::vector<std::string> &argv,
-                                                       Direction dir, int *fd);
 
     // Ends the whole command, for a failed or cancelled migration: SIGTERM
     // to its process group (the shell and whatever it started: `a | b`,

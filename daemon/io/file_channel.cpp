@@ -94,27 +94,4 @@ Result<UniqueFd> open_one_channel(uv_loop_t *loop, const MigrationAddress &a, bo
     return fd;
 }
 
-Result<int> file_channel_open(const MigrationAddress &a, bool for_write)
-{
-    return released(open_file_channel(a, for_write));
-}
-
-Result<std::vector<int>> file_channels_open(const MigrationAddress &a, bool for_write,
-                                            unsigned count, bool direct_io)
-{
-    return released(open_file_channels(a, for_write, count, direct_io));
-}
-
-Result<int> stream_channel_open(const MigrationAddress &a, bool for_write, const FdSource &fds)
-{
-    return released(open_stream_channel(a, for_write, fds));
-}
-
-Result<int> one_channel_open(uv_loop_t *loop, const MigrationAddress &a, bool for_write,
-                             bool both_ways, const FdSource &fds,
-                             std::shared_ptr<CommandChild> *child)
-{
-    return released(open_one_channel(loop, a, for_write, both_ways, fds, child));
-}
-
 } // namespace qmigd

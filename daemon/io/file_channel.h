@@ -41,14 +41,4 @@ Result<UniqueFd> open_one_channel(uv_loop_t *loop, const MigrationAddress &a, bo
                                   bool both_ways, const FdSource &fds,
                                   std::shared_ptr<CommandChild> *child);
 
-// The same four as raw descriptors the caller closes, until no caller
-// needs them.
-Result<int> file_channel_open(const MigrationAddress &a, bool for_write);
-Result<std::vector<int>> file_channels_open(const MigrationAddress &a, bool for_write,
-                                            unsigned count, bool direct_io);
-Result<int> stream_channel_open(const MigrationAddress &a, bool for_write, const FdSource &fds);
-Result<int> one_channel_open(uv_loop_t *loop, const MigrationAddress &a, bool for_write,
-                             bool both_ways, const FdSource &fds,
-                             std::shared_ptr<CommandChild> *child);
-
 } // namespace qmigd

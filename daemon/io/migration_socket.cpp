@@ -102,13 +102,11 @@ Result<UniqueFd> take_blocking_socket(int uv_fd)
     return fd;
 }
 
-Result<int> take_blocking_fd(int uv_fd) { return released(take_blocking_socket(uv_fd)); }
-
-Result<UniqueFd> connect_to_peer(int fd, unsigned timeout_ms)
+Result<UniqueFd> connect_to_peer(const UniqueFd &main, unsigned timeout_ms)
 {
     sockaddr_storage peer{};
     socklen_t len = sizeof(peer);
-    if (getpeername(fd, reinterpret_cast<sockaddr *>(&peer), &len) < 0) {
+    if (getpeername(main.get(), reinterpret_cast<sockaddr *>(&peer), &len) < 0) {
         return socket_errno_error("the main channel's peer");
     }
     UniqueFd s(socket(peer.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
@@ -135,11 +133,6 @@ Result<UniqueFd> connect_to_peer(int fd, unsigned timeout_ms)
         return socket_errno_error("connect");
     }
     return take_blocking_socket(s.get());
-}
-
-Result<int> connect_to_peer_of(int fd, unsigned timeout_ms)
-{
-    return released(connect_to_peer(fd, timeout_ms));
 }
 
 size_t bytes_queued(int fd)

@@ -54,15 +54,11 @@ void shutdown_fd(int fd);
 Status return_path_check(int fd);
 // Makes a dup of a libuv-owned socket that blocks, with TCP_NODELAY.
 Result<UniqueFd> take_blocking_socket(int uv_fd);
-// The same as a raw descriptor the caller closes (until its callers hold
-// UniqueFd).
-Result<int> take_blocking_fd(int uv_fd);
-// A new connection to where fd is connected (postcopy's preempt channel
+// A new connection to where `main` is connected (postcopy's preempt channel
 // goes to the main channel's address), blocking and with TCP_NODELAY;
-// fails after timeout_ms (0: as long as the kernel tries).
-Result<UniqueFd> connect_to_peer(int fd, unsigned timeout_ms);
-// The same as a raw descriptor the caller closes.
-Result<int> connect_to_peer_of(int fd, unsigned timeout_ms);
+// fails after timeout_ms (0: as long as the kernel tries). `main` is only
+// read (getpeername), while its owner keeps it.
+Result<UniqueFd> connect_to_peer(const UniqueFd &main, unsigned timeout_ms);
 // Dead-link detection on a migration socket: a channel whose peer stops
 // acknowledging (sent data, or keepalive probes while idle) for `ms` fails
 // with ETIMEDOUT instead of waiting as long as the kernel retransmits

@@ -346,8 +346,6 @@ Result<UniqueFd> PendingConnection::take_socket()
     return fd;
 }
 
-Result<int> PendingConnection::take() { return released(take_socket()); }
-
 void PendingConnection::close()
 {
     if (done_) {

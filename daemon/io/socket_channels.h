@@ -52,8 +52,6 @@ public:
     // Hands the socket over as a blocking descriptor (the prefix stays
     // readable via prefix()); the libuv handle is closed.
     Result<UniqueFd> take_socket();
-    // The same as a raw descriptor the caller closes.
-    Result<int> take();
     // Closes the connection.
     void close();
 
@@ -93,7 +91,7 @@ void sweeper_close(uv_timer_t **t);
 class SocketListener {
 public:
     // Called when a connection has `want` bytes (set want() for more, or
-    // take()/close()), or with nullptr data and an error when it failed.
+    // take_socket()/close()), or with nullptr data and an error when it failed.
     using OnPrefix = std::function<void(PendingConnection *, const Error *)>;
 
     SocketListener(uv_loop_t *loop, size_t first_want, OnPrefix on_prefix,

@@ -19,14 +19,6 @@ struct SocketConnect::Attempt {
 };
 
 std::shared_ptr<SocketConnect> SocketConnect::start(uv_loop_t *loop, const SocketAddress &addr,
-                                                    unsigned count, Done done)
-{
-    return start(loop, addr, count, [done = std::move(done)](Result<std::vector<UniqueFd>> r) {
-        done(released(std::move(r)));
-    });
-}
-
-std::shared_ptr<SocketConnect> SocketConnect::start(uv_loop_t *loop, const SocketAddress &addr,
                                                     unsigned count, Connected done)
 {
     std::shared_ptr<SocketConnect> c(new SocketConnect(loop, addr, count, std::move(done)));

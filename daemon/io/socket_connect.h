@@ -27,10 +27,6 @@ public:
     using Connected = std::function<void(Result<std::vector<UniqueFd>>)>;
     static std::shared_ptr<SocketConnect> start(uv_loop_t *loop, const SocketAddress &addr,
                                                 unsigned count, Connected done);
-    // The same with raw descriptors the caller closes.
-    using Done = std::function<void(Result<std::vector<int>>)>;
-    static std::shared_ptr<SocketConnect> start(uv_loop_t *loop, const SocketAddress &addr,
-                                                unsigned count, Done done);
     void cancel();
 
 private:

@@ -10,10 +10,6 @@
 #include <unistd.h>
 
 #include <utility>
-#include <vector>
-
-#include "protocol/error.h"
-
 namespace qmigd {
 
 class UniqueFd {
@@ -51,26 +47,5 @@ public:
 private:
     int fd_ = -1;
 };
-
-// A UniqueFd result as a raw descriptor the caller closes, for the
-// functions kept beside their UniqueFd versions until no caller needs them.
-inline Result<int> released(Result<UniqueFd> fd)
-{
-    if (!fd) {
-        return fd.error();
-    }
-    return fd->release();
-}
-inline Result<std::vector<int>> released(Result<std::vector<UniqueFd>> fds)
-{
-    if (!fds) {
-        return fds.error();
-    }
-    std::vector<int> raw;
-    for (UniqueFd &fd : *fds) {
-        raw.push_back(fd.release());
-    }
-    return raw;
-}
 
 } // namespace qmigd

@@ -14,10 +14,10 @@
 
 namespace qmigd {
 
-Status ZeroCopySender::enable(int fd)
+Status ZeroCopySender::enable(const UniqueFd &fd)
 {
     int one = 1;
-    if (::setsockopt(fd, SOL_SOCKET, SO_ZEROCOPY, &one, sizeof(one)) != 0) {
+    if (::setsockopt(fd.get(), SOL_SOCKET, SO_ZEROCOPY, &one, sizeof(one)) != 0) {
         return Error("Zero copy send feature not detected in host kernel");
     }
     return {};

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <sys/uio.h>
 
+#include "daemon/io/unique_fd.h"
 #include "protocol/error.h"
 
 namespace qmigd {
@@ -22,9 +23,10 @@ namespace qmigd {
 class ZeroCopySender {
 public:
     // SO_ZEROCOPY on fd; QEMU's error when the kernel or socket cannot.
-    static Status enable(int fd);
+    static Status enable(const UniqueFd &fd);
 
-    explicit ZeroCopySender(int fd) : fd_(fd) {}
+    // Sends on fd, which its owner (the channel) keeps open while this lives.
+    explicit ZeroCopySender(const UniqueFd &fd) : fd_(fd.get()) {}
 
     // Sends the whole iovec array (modified) with MSG_ZEROCOPY. The memory
     // must stay unchanged by us until flush() returned.
@@ -38,7 +40,7 @@ private:
     // Reads the completions queued so far; blocks for one when `wait`.
     Status reap(bool wait);
 
-    int fd_; // borrowed: the channel's owner keeps it open
+    int fd_; // the constructor's fd's number: a borrow
     uint64_t queued_ = 0; // sendmsg() calls made with MSG_ZEROCOPY
     uint64_t done_ = 0;   // of those, completed
     bool zero_copied_ = false; // since the last flush, some went without a copy

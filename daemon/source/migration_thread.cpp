@@ -324,7 +324,7 @@ Status MigrationThread::tls_handshake(Channel &ch)
     if (!p_.tls.enabled()) {
         return {};
     }
-    auto t = TlsSession::client(ch.fd(), *p_.tls.creds, p_.tls.hostname);
+    auto t = TlsSession::client(ch.descriptor(), *p_.tls.creds, p_.tls.hostname);
     QMIGD_TRY(t);
     ch.set_tls(std::move(*t));
     return {};

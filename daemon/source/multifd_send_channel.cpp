@@ -166,8 +166,8 @@ Status MultifdSend::enable_zero_copy()
         return {}; // mapped-ram writes files: nothing to pin (QEMU writes them plainly too)
     }
     for (auto &s : senders_) {
-        QMIGD_TRY(ZeroCopySender::enable(s->ch->fd()));
-        s->zero_copy = std::make_unique<ZeroCopySender>(s->ch->fd());
+        QMIGD_TRY(ZeroCopySender::enable(s->ch->descriptor()));
+        s->zero_copy = std::make_unique<ZeroCopySender>(s->ch->descriptor());
     }
     return {};
 }
@@ -178,7 +178,7 @@ Status MultifdSend::enable_zero_copy()
 Status MultifdSend::channel_setup(Sender &s)
 {
     if (tls_.enabled()) {
-        auto t = TlsSession::client(s.ch->fd(), *tls_.creds, tls_.hostname);
+        auto t = TlsSession::client(s.ch->descriptor(), *tls_.creds, tls_.hostname);
         QMIGD_TRY(t);
         s.ch->set_tls(std::move(*t)); // before this thread's first write
     }

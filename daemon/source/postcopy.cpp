@@ -47,7 +47,7 @@ bool MigrationThread::postcopy_requested() const
 // package.
 Status MigrationThread::preempt_connect()
 {
-    auto fd = connect_to_peer(main_->fd(), p_.link_timeout_ms);
+    auto fd = connect_to_peer(main_->descriptor(), p_.link_timeout_ms);
     if (!fd) {
         return Error(fd.error()).prepend("postcopy_start: Failed to establish preempt channel: ");
     }

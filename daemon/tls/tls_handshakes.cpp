@@ -23,7 +23,7 @@ TlsHandshakes::~TlsHandshakes()
     close_all();
 }
 
-void TlsHandshakes::start(int fd, Work work)
+void TlsHandshakes::start(const UniqueFd &fd, Work work)
 {
     size_t live = 0;
     for (const Entry &e : entries_) {
@@ -45,7 +45,7 @@ void TlsHandshakes::start(int fd, Work work)
     }
     Entry &e = entries_.emplace_back();
     e.id = next_id_++;
-    e.fd = fd;
+    e.fd = fd.get();
     e.started_ms = uv_now(loop_);
     e.thread = std::thread([this, id = e.id, &progress = e.progress, work = std::move(work)] {
         set_thread_name("mig/dst/tls");

@@ -64,8 +64,9 @@ public:
 
     // Loop thread. Runs work for the socket fd on a new thread. Its result
     // always reaches the loop, also after close_all() (the caller tells a
-    // stale one by its own generation count).
-    void start(int fd, Work work);
+    // stale one by its own generation count). fd is the caller's, open
+    // until that result has run (see above).
+    void start(const UniqueFd &fd, Work work);
     // Loop thread. Ends every handshake (shuts their sockets) and joins
     // their threads.
     void close_all();
@@ -74,7 +75,7 @@ public:
 private:
     struct Entry {
         uint64_t id = 0;
-        int fd = -1; // borrowed (see above); end() shuts it down
+        int fd = -1; // start()'s fd's number, a borrow (see above); end() shuts it down
         uint64_t started_ms = 0; // uv_now() at start, as the listener's clock
         Progress progress;
         bool ended = false; // its socket was shut down

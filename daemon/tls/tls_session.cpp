@@ -193,10 +193,11 @@ Status TlsSession::check_peer(bool client, const std::string &hostname)
     return {};
 }
 
-Result<std::unique_ptr<TlsSession>> TlsSession::client(int fd, const TlsCreds &creds,
+Result<std::unique_ptr<TlsSession>> TlsSession::client(const UniqueFd &fd,
+                                                       const TlsCreds &creds,
                                                        const std::string &hostname)
 {
-    std::unique_ptr<TlsSession> t(new TlsSession(fd));
+    std::unique_ptr<TlsSession> t(new TlsSession(fd.get()));
     QMIGD_TRY(t->setup(creds, false));
     QMIGD_TRY(t->handshake());
     if (creds.verify_peer()) {
@@ -205,12 +206,13 @@ Result<std::unique_ptr<TlsSession>> TlsSession::client(int fd, const TlsCreds &c
     return t;
 }
 
-Result<std::unique_ptr<TlsSession>> TlsSession::server(int fd, const TlsCreds &creds,
+Result<std::unique_ptr<TlsSession>> TlsSession::server(const UniqueFd &fd,
+                                                       const TlsCreds &creds,
                                                        const AuthzList *authz,
                                                        std::vector<uint8_t> already_read,
                                                        std::atomic<uint64_t> *received)
 {
-    std::unique_ptr<TlsSession> t(new TlsSession(fd));
+    std::unique_ptr<TlsSession> t(new TlsSession(fd.get()));
     t->pending_ = std::move(already_read);
     t->received_ = received;
     if (received) {

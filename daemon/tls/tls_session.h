@@ -22,6 +22,7 @@
 
 #include <gnutls/gnutls.h>
 
+#include "daemon/io/unique_fd.h"
 #include "daemon/tls/tls_creds.h"
 #include "protocol/error.h"
 
@@ -29,9 +30,12 @@ namespace qmigd {
 
 class TlsSession {
 public:
+    // Both sides run over `fd`, a socket its owner keeps open for as long
+    // as the session lives (a Channel holds both, the session first to go).
+    //
     // Source side: checks the server's certificate against the CA and
     // `hostname` (when the creds verify their peer).
-    static Result<std::unique_ptr<TlsSession>> client(int fd, const TlsCreds &creds,
+    static Result<std::unique_ptr<TlsSession>> client(const UniqueFd &fd, const TlsCreds &creds,
                                                       const std::string &hostname);
     // Destination side: `already_read` are bytes taken off the socket before
     // anyone knew it spoke TLS (the listener's first read); the handshake
@@ -39,7 +43,7 @@ public:
     // the CA signed, and `authz` (may be null) must allow its DN.
     // `received`, if given, counts the bytes the peer sends (already_read
     // included): which stranger has done the least.
-    static Result<std::unique_ptr<TlsSession>> server(int fd, const TlsCreds &creds,
+    static Result<std::unique_ptr<TlsSession>> server(const UniqueFd &fd, const TlsCreds &creds,
                                                       const AuthzList *authz,
                                                       std::vector<uint8_t> already_read,
                                                       std::atomic<uint64_t> *received = nullptr);
@@ -72,7 +76,9 @@ private:
     static ssize_t pull(gnutls_transport_ptr_t p, void *data, size_t n);
     static int pull_timeout(gnutls_transport_ptr_t p, unsigned ms);
 
-    int fd_;                       // borrowed: the channel's owner keeps it open
+    // The number of client()/server()'s fd, a borrow: its UniqueFd may move
+    // (into the Channel that then holds this session) but stays open.
+    int fd_;
     gnutls_session_t s_ = nullptr; // GnuTLS splits it between reader and writer
     // The reader's (pull()): already_read, handed to GnuTLS first.
     std::vector<uint8_t> pending_;

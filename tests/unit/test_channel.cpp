@@ -109,7 +109,7 @@ TEST_CASE("The channel openers hand over UniqueFds: a file's, a fd: name's, the 
     REQUIRE(getsockname(lst.get(), reinterpret_cast<sockaddr *>(&sin), &len) == 0);
     UniqueFd main_fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
     REQUIRE(connect(main_fd.get(), reinterpret_cast<sockaddr *>(&sin), sizeof(sin)) == 0);
-    auto second = connect_to_peer(main_fd.get(), 2000);
+    auto second = connect_to_peer(main_fd, 2000);
     REQUIRE(second);
     CHECK((fcntl(second->get(), F_GETFL) & O_NONBLOCK) == 0);
     auto dup = take_blocking_socket(second->get());
