@@ -10,7 +10,7 @@ import time
 
 from itest import test, main, check, skip
 from fixtures import images, peers, MiB
-from runner import Peer, wait_status, files_equal, unique_name, remove, make_image
+from runner import Peer, wait_status, files_equal, unique_name, remove, make_image, stop_all
 from qmp import QMPError
 
 SIZE = 32 * MiB
@@ -270,9 +270,10 @@ def ignore_shared_cell(src_kind, dst_kind):
         check(si["ram"]["total"] == 0, si["ram"])  # ram_bytes_total(): ignored blocks left out
         check(digest(path) == before, "the shared image changed")
     finally:
-        s.stop()
-        d.stop()
-        remove(path)
+        try:
+            stop_all(s, d)
+        finally:
+            remove(path)
 
 
 @test
@@ -296,8 +297,7 @@ def test_x_ignore_shared_checks():
                 info = wait_status(d, ("failed",), 30, fail_on=())
                 check(want in info.get("error-desc", ""), info)
             finally:
-                s.stop()
-                d.stop()
+                stop_all(s, d)
     finally:
         remove(path)
 

@@ -18,7 +18,7 @@ import urllib.request
 from itest import test, main, check, skip
 from fixtures import images, MiB
 from runner import (Peer, QMIGD, free_port, start_incoming, wait_status, files_equal, end_process,
-                    migrate, unique_name)
+                    migrate, unique_name, stop_all)
 
 SIZE = 64 * MiB
 
@@ -87,8 +87,7 @@ def test_exposition_passes_promtool():
             check(value(text, "qmigd_last_migration_downtime_seconds") == q["downtime"] / 1000, text)
             check(value(text, "qmigd_last_migration_normal_pages_total") == q["ram"]["normal"], text)
         finally:
-            s.stop()
-            d.stop()
+            stop_all(s, d)
 
 
 @test
@@ -125,9 +124,10 @@ def test_scrape_during_a_park():
         finally:
             done.set()
             t.join()
-            s.stop()
-            d.stop()
-            shutil.rmtree(park_dir, ignore_errors=True)
+            try:
+                stop_all(s, d)
+            finally:
+                shutil.rmtree(park_dir, ignore_errors=True)
 
 
 @test
@@ -197,9 +197,10 @@ def test_real_prometheus_scrapes_a_migration():
         finally:
             if prom:
                 end_process(prom, 10)
-            s.stop()
-            d.stop()
-            shutil.rmtree(work, True)
+            try:
+                stop_all(s, d)
+            finally:
+                shutil.rmtree(work, True)
 
 
 @test
@@ -265,8 +266,7 @@ def test_scrape_cost():
             print(f"  {rate:.0f} scrapes/s served to one client; a 256 MiB migration "
                   f"{min(times[False]):.2f} s unscraped, {min(times[True]):.2f} s scraped every 1 s")
         finally:
-            s.stop()
-            d.stop()
+            stop_all(s, d)
 
 
 if __name__ == "__main__":
