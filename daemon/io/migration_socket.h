@@ -44,6 +44,9 @@ private:
     bool aborted_ GUARDED_BY(mu_) = false;
 };
 
+// The functions below that take an `int fd` use it during the call only:
+// a borrow of a descriptor its owner (a UniqueFd, a Channel) keeps open.
+
 // Bytes that came on a socket and are not read yet (0 on an error).
 size_t bytes_queued(int fd);
 // Wakes a thread blocked on fd (shutdown both directions); idempotent.
