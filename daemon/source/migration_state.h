@@ -78,6 +78,10 @@ struct OutgoingParams {
     bool xbzrle = false;
     // zero-copy-send: multifd pages go with MSG_ZEROCOPY (sockets only).
     bool zero_copy = false;
+    // mode cpr-reboot: the guest stops before the first page goes and the
+    // whole state is sent stopped (QEMU stops the VM as the migration
+    // connects): no live iteration, downtime is the whole transfer.
+    bool stop_first = false;
     uint64_t xbzrle_cache_size = 64 << 20;
     // multifd-compression (multifd channels only).
     MultiFDCompressionParams compression;
