@@ -311,7 +311,7 @@ Status MigrationThread::run()
             return *verdict;
         }
     }
-    if (!st && multifd_ && !shared_.cancel_requested) {
+    if (!st && multifd_ && !shared_.cancel_requested && !shared_.yanked) {
         return multifd_peer_closed_hint(st.error());
     }
     return st;

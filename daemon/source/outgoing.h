@@ -60,7 +60,11 @@ public:
     // yank of the migration instance: every channel shut down, nothing
     // else; the migration thread fails (or, in postcopy, pauses) on its
     // broken channels as on a dead peer's.
-    void yank() { shutdown_channels(); }
+    void yank()
+    {
+        shared_->yanked = true;
+        shutdown_channels();
+    }
     MigrationStatus status() const { return status_; }
     nlohmann::json query() const;
     // Live max-bandwidth changes apply at once, as in QEMU.
