@@ -311,7 +311,10 @@ Status MigrationThread::run()
             return *verdict;
         }
     }
-    if (!st && multifd_ && !shared_.cancel_requested && !shared_.yanked) {
+    if (!st && multifd_ && shared_.yanked) {
+        return multifd_without_peer_hint(st.error()); // a sender's own words had it
+    }
+    if (!st && multifd_ && !shared_.cancel_requested) {
         return multifd_peer_closed_hint(st.error());
     }
     return st;

@@ -183,10 +183,11 @@ def through_proxy(s, d, multifd):
     return proxy
 
 
-def yanked_precopy(kind, multifd):
+def yanked_precopy(kind, multifd, dst_kind=None):
     """Both sides stuck behind the frozen proxy: a yank on the destination
     fails it while the source stays stuck, then one on the source fails it."""
-    with images(SIZE, "random") as imgs, peers(kind, kind, imgs) as (s, d):
+    dst_kind = dst_kind or kind
+    with images(SIZE, "random") as imgs, peers(kind, dst_kind, imgs) as (s, d):
         proxy = through_proxy(s, d, multifd)
         try:
             time.sleep(0.5)
@@ -201,12 +202,13 @@ def yanked_precopy(kind, multifd):
             for p in (s, d):
                 check(p.qmp.cmd("query-yank") == [MONITOR], f"{p.role}: {p.qmp.cmd('query-yank')}")
             check(s.qmp.cmd("query-status")["status"] == "running", "source VM not running")
-            print(f"  {kind} -> {kind} (multifd {multifd}): destination failed "
+            check("is multifd on" not in si.get("error-desc", ""), si)  # no peer to blame
+            print(f"  {kind} -> {dst_kind} (multifd {multifd}): destination failed "
                   f"{dt_d * 1000:.0f} ms after its yank ({di.get('error-desc')!r}), source "
                   f"{dt_s * 1000:.0f} ms after its own ({si.get('error-desc')!r})")
         finally:
             proxy.close()
-        if kind == "qmigd":
+        if kind == dst_kind == "qmigd":
             good_run(s, imgs, d)
 
 
@@ -254,6 +256,16 @@ def test_yank_unsticks_precopy_qmigd_main_channel_only():
 @test
 def test_yank_unsticks_precopy_qemu():
     yanked_precopy("qemu", True)
+
+
+@test
+def test_yank_unsticks_precopy_qmigd_to_qemu():
+    yanked_precopy("qmigd", True, "qemu")
+
+
+@test
+def test_yank_unsticks_precopy_qemu_to_qmigd():
+    yanked_precopy("qemu", True, "qmigd")
 
 
 @test
