@@ -219,6 +219,7 @@ void Daemon::register_commands()
     if (opts_.role == Role::Source) {
         dirty_rate_ = register_dirty_rate_commands(*qmp_, blocks_);
     }
+    register_yank_commands();
     hmp_register(*qmp_, [](const std::string &uri) -> std::optional<std::string> {
         auto addr = parse_migration_uri(uri);
         return addr ? std::nullopt : std::optional<std::string>(addr.error().message());

@@ -66,6 +66,17 @@ private:
     void register_commands();
     void register_migration_commands();
     void register_vm_commands();
+    // yank_commands.cpp: query-yank and yank.
+    void register_yank_commands();
+    bool yank_migration_registered() const;
+    json query_yank() const;
+    QmpResult cmd_yank(const json &args);
+    // migration_mode.cpp: the parameter `mode` (normal, cpr-reboot,
+    // cpr-transfer) at migrate and migrate-incoming.
+    const std::string &migration_mode() const;
+    std::optional<QmpError> check_mode_channels(const json &args) const;
+    std::optional<QmpError> check_mode_migrate() const;
+    std::optional<QmpError> check_mode_incoming() const;
     void on_migration_status(MigrationStatus s);
     void on_pass(uint64_t n);
     QmpResult cmd_migrate(const json &args);

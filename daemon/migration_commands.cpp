@@ -52,6 +52,9 @@ QmpResult Daemon::cmd_migrate(const json &args)
     if (auto e = check_address(addr)) {
         return *e;
     }
+    if (auto e = check_mode_channels(args)) {
+        return *e;
+    }
     if (args.value("resume", false)) {
         // migrate_prepare(): only a paused postcopy resumes.
         if (opts_.role == Role::Destination) {
@@ -76,6 +79,9 @@ QmpResult Daemon::cmd_migrate(const json &args)
     }
     if (runstate_ == "postmigrate") {
         return qmp_error("Can't migrate the vm that was paused due to previous migration");
+    }
+    if (auto e = check_mode_migrate()) {
+        return *e;
     }
     OutgoingParams p;
     p.multifd = config_.capability("multifd");
@@ -109,6 +115,7 @@ QmpResult Daemon::cmd_migrate(const json &args)
     p.xbzrle = config_.capability("xbzrle");
     p.zero_copy = config_.capability("zero-copy-send");
     p.xbzrle_cache_size = config_.xbzrle_cache_size();
+    p.stop_first = migration_mode() == "cpr-reboot";
     if (p.ignore_shared && parked_) {
         return qmp_error("qmigd: x-ignore-shared cannot resume a parked VM: its images stay "
                          "as parked, and the destination would map and change them");
@@ -187,6 +194,9 @@ QmpResult Daemon::cmd_migrate_incoming(const json &args)
     }
     if (opts_.role == Role::Source) {
         return qmp_error("'-incoming' was not specified on the command line");
+    }
+    if (auto e = check_mode_incoming()) {
+        return *e;
     }
     return start_incoming(migrate_address(args, true));
 }

@@ -68,9 +68,9 @@ QmpServer::QmpServer(uv_loop_t *loop) : loop_(loop) {}
 QmpServer::~QmpServer() = default;
 
 void QmpServer::register_command(const std::string &name, const QapiType *args,
-                                 QmpHandler handler)
+                                 QmpHandler handler, bool allow_oob)
 {
-    commands_[name] = Command{args, std::move(handler)};
+    commands_[name] = Command{args, std::move(handler), allow_oob};
 }
 
 std::vector<std::string> QmpServer::command_names() const
@@ -186,6 +186,12 @@ void QmpServer::take_passed_fds(Client *c)
 bool QmpServer::has_command(const std::string &name) const
 {
     return commands_.count(name) > 0;
+}
+
+bool QmpServer::allows_oob(const std::string &name) const
+{
+    auto it = commands_.find(name);
+    return it != commands_.end() && it->second.allow_oob;
 }
 
 QmpResult QmpServer::dispatch(const std::string &name, const json &args)
@@ -324,8 +330,8 @@ QmpResult QmpSession::run(const std::string &name, bool oob, const json &args)
     if (!known) {
         return qmp_error("The command " + name + " has not been found", "CommandNotFound");
     }
-    if (oob) {
-        return qmp_error("The command " + name + " does not support OOB"); // none does here
+    if (oob && !server_.allows_oob(name)) {
+        return qmp_error("The command " + name + " does not support OOB");
     }
     if (name == "qmp_capabilities") {
         if (auto e = qapi_check(args, kQmpCapabilitiesArgs, "", "")) {
@@ -422,11 +428,16 @@ void QmpServer::drop(Client *c)
              [](uv_handle_t *h) { delete static_cast<Client *>(h->data); });
 }
 
-void QmpServer::close()
+void QmpServer::drop_clients()
 {
     while (!clients_.empty()) {
         drop(clients_.back());
     }
+}
+
+void QmpServer::close()
+{
+    drop_clients();
     if (listener_) {
         uv_close(reinterpret_cast<uv_handle_t *>(listener_),
                  [](uv_handle_t *h) { delete reinterpret_cast<uv_pipe_t *>(h); });

@@ -73,16 +73,23 @@ public:
     // words: each member in schema order (missing, or of the wrong type),
     // then members the type does not have; so a handler reads arguments of
     // the right types. nullptr: the handler checks them itself (only
-    // object-add, which shares its check with --object).
-    void register_command(const std::string &name, const QapiType *args, QmpHandler handler);
+    // object-add, which shares its check with --object). `allow_oob`: the
+    // command may come as exec-oob (QEMU's 'allow-oob': true); every
+    // command answers on the loop at once, so it runs as any other.
+    void register_command(const std::string &name, const QapiType *args, QmpHandler handler,
+                          bool allow_oob = false);
     // Runs a command as a QMP client would (used by HMP).
     QmpResult dispatch(const std::string &name, const json &args);
     bool has_command(const std::string &name) const;
+    bool allows_oob(const std::string &name) const;
     Status listen(const std::string &path);
     // Sends an event to every client past negotiation.
     void emit_event(const std::string &name, const json &data = nullptr);
     // Closes the listener and all clients (deferred close, uv style).
     void close();
+    // Disconnects every client and keeps listening: a yank of the monitor's
+    // chardev (QEMU shuts its one client's socket down; no reply goes).
+    void drop_clients();
     std::vector<std::string> command_names() const;
     // The descriptor the client being served sent last with SCM_RIGHTS
     // (QEMU's qemu_chr_fe_get_msgfd), now the caller's; -1 if none. Only
@@ -104,6 +111,7 @@ private:
     struct Command {
         const QapiType *args; // static schema constants
         QmpHandler handler;
+        bool allow_oob = false;
     };
     std::map<std::string, Command> commands_;
     std::vector<Client *> clients_;

@@ -6,7 +6,8 @@ daemon/ may use every room, but within it the source's room (daemon/source/)
 and the destination's (daemon/dest/) never include each other, the shared
 rooms (daemon/io, tls, park, service and the files at daemon/ itself) include
 neither role, and only the daemon that wires both roles (daemon/daemon.*,
-migration_commands.cpp, daemon_metrics.cpp, main.cpp) and the tools see it.
+migration_commands.cpp and the other commands' files, daemon_metrics.cpp,
+main.cpp) and the tools see it.
 Prints each include that breaks the rule and exits 1.
 """
 import pathlib
@@ -18,6 +19,8 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 ROLES = ("daemon/source/", "daemon/dest/")
 WIRING = {"daemon/daemon.h", "daemon/daemon.cpp", "daemon/daemon_metrics.cpp",
           "daemon/migration_commands.cpp", "daemon/main.cpp"}
+# The daemon's other monitor commands, in files of their own.
+WIRING |= {"daemon/yank_commands.cpp", "daemon/migration_mode.cpp"}
 
 
 def allowed(path, inc):

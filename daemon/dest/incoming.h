@@ -70,6 +70,9 @@ public:
     // migrate-pause in postcopy: the main channel is shut down and the
     // load pauses as for a broken link.
     void pause();
+    // yank of the migration instance (incoming_yank.cpp): every channel
+    // shut down; the load fails, or in postcopy pauses, as on a dead peer.
+    void yank();
     // migrate-recover: listens on addr; the first connection is the new
     // main channel of the paused load (QEMU takes it by its order).
     Status recover(const MigrationAddress &addr);

@@ -324,6 +324,11 @@ void IncomingAttempt::abort_with(const Error &err)
     if (child_) {
         child_->terminate(); // set before the threads started, reset after
     }
+    shutdown_side_channels();
+}
+
+void IncomingAttempt::shutdown_side_channels()
+{
     {
         MutexLock lk(preempt_mu_);
         if (preempt_) {

@@ -114,6 +114,9 @@ struct IncomingAttempt : std::enable_shared_from_this<IncomingAttempt> {
     Result<ParkedVm> park_finish(LoadvmResult &result);
     // Any thread: record the first error and wake every thread.
     void abort_with(const Error &err);
+    // Any thread: the preempt and multifd channels shut down (their
+    // readers' calls fail); the main channel is the caller's to end.
+    void shutdown_side_channels();
 
     IncomingOwner &owner_;
     const IncomingParams params_; // set at construction, read-only

@@ -78,6 +78,10 @@ struct OutgoingParams {
     bool xbzrle = false;
     // zero-copy-send: multifd pages go with MSG_ZEROCOPY (sockets only).
     bool zero_copy = false;
+    // mode cpr-reboot: the guest stops before the first page goes and the
+    // whole state is sent stopped (QEMU stops the VM as the migration
+    // connects): no live iteration, downtime is the whole transfer.
+    bool stop_first = false;
     uint64_t xbzrle_cache_size = 64 << 20;
     // multifd-compression (multifd channels only).
     MultiFDCompressionParams compression;
@@ -126,6 +130,8 @@ struct MigrationShared {
     std::chrono::steady_clock::time_point start_time; // set before the thread starts, read-only after
     // Set by the loop, read by the migration thread.
     std::atomic<bool> cancel_requested{false};
+    // yank: the channels' errors are ours, not a hint about the peer.
+    std::atomic<bool> yanked{false};
     std::atomic<uint64_t> max_bandwidth{0}; // migrate-set-parameters applies at once
     std::atomic<bool> vm_running{true};     // stop/cont: the run state sent at switchover
     std::atomic<bool> start_postcopy{false}; // migrate-start-postcopy

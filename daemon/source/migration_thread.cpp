@@ -311,6 +311,9 @@ Status MigrationThread::run()
             return *verdict;
         }
     }
+    if (!st && multifd_ && shared_.yanked) {
+        return multifd_without_peer_hint(st.error()); // a sender's own words had it
+    }
     if (!st && multifd_ && !shared_.cancel_requested) {
         return multifd_peer_closed_hint(st.error());
     }
@@ -337,7 +340,9 @@ Status MigrationThread::migrate()
     shared_.stats.setup_time_ms = ms_since(shared_.start_time);
     shared_.stats.expected_downtime_ms = int64_t(p_.downtime_limit_ms);
     owner_.post_status(MigrationStatus::Setup, MigrationStatus::Active);
-    QMIGD_TRY(iterate());
+    if (!p_.stop_first) {
+        QMIGD_TRY(iterate());
+    }
     if (postcopy_requested()) {
         QMIGD_TRY(postcopy_start());
         QMIGD_TRY(postcopy_run());

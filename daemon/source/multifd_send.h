@@ -74,6 +74,9 @@ struct MultifdJob {
 // reset or broken pipe, on a multifd channel or the main one, which alone
 // does not say why. Adds the likely reason to such an error.
 Error multifd_peer_closed_hint(Error e);
+// The same error without that reason: a yank, not the peer, broke the
+// channels.
+Error multifd_without_peer_hint(Error e);
 
 class MultifdSend {
 public:

@@ -57,6 +57,14 @@ public:
     // migrate-pause in postcopy: the channels are shut down, and the
     // migration thread pauses as for a broken link.
     void pause();
+    // yank of the migration instance: every channel shut down, nothing
+    // else; the migration thread fails (or, in postcopy, pauses) on its
+    // broken channels as on a dead peer's.
+    void yank()
+    {
+        shared_->yanked = true;
+        shutdown_channels();
+    }
     MigrationStatus status() const { return status_; }
     nlohmann::json query() const;
     // Live max-bandwidth changes apply at once, as in QEMU.

@@ -314,3 +314,25 @@ TEST_CASE("info migrate text follows QEMU's layout", "[hmp]")
     CHECK(hmp_format_info_migrate(failed).find("Migration status: failed (boom)\r\ntotal time: 0 ms\r\n") !=
           std::string::npos);
 }
+
+TEST_CASE("exec-oob: only commands registered for it run out of band", "[monitor]")
+{
+    QmpServer server(nullptr);
+    server.register_command("plain", &kQapiNoArgs,
+                            [](const json &) -> QmpResult { return json::object(); });
+    server.register_command(
+        "fast", &kQapiNoArgs, [](const json &) -> QmpResult { return json::array(); }, true);
+    QmpSession session(server);
+    auto send = [&](const std::string &text) {
+        auto replies = session.feed(text.data(), text.size());
+        REQUIRE(replies.size() == 1);
+        return replies[0];
+    };
+    send(R"({"execute": "qmp_capabilities", "arguments": {"enable": ["oob"]}})");
+    json r = send(R"({"exec-oob": "fast", "id": 1})");
+    CHECK(r["return"] == json::array());
+    CHECK(r["id"] == 1);
+    r = send(R"({"exec-oob": "plain"})");
+    CHECK(r["error"]["desc"] == "The command plain does not support OOB");
+    CHECK(send(R"({"execute": "fast"})")["return"] == json::array());
+}

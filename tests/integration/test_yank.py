@@ -1,0 +1,282 @@
+#!/usr/bin/env python3
+"""query-yank and yank next to a live QEMU 10, in both roles: the instances
+listed (the monitor's chardev, and the migration while one runs), QEMU's
+errors, out-of-band use, the chardev's yank dropping the client; and a
+migration stuck on a peer that stopped reading and sending (a proxy that
+freezes every channel) unstuck by `yank` at once on either side: precopy
+fails, postcopy pauses and recovers, the same with QEMU 10 at both ends."""
+import json
+import select
+import socket
+import threading
+import time
+
+from itest import test, main, check
+from fixtures import images, peers, good_run, MiB
+from runner import Peer, wait_status, start_incoming, free_port, files_equal, stop_all
+
+SIZE = 64 * MiB
+MIGRATION = {"type": "migration"}
+MONITOR = {"type": "chardev", "id": "compat_monitor0"}
+
+
+class Monitor:
+    """A raw QMP connection with `oob` on, replies as the peer wrote them."""
+
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect(path)
+        self.sock.settimeout(20)
+        self.f = self.sock.makefile("rw")
+        json.loads(self.f.readline())
+        self.send({"execute": "qmp_capabilities", "arguments": {"enable": ["oob"]}})
+
+    def send(self, req):
+        self.f.write(json.dumps(req) + "\n")
+        self.f.flush()
+        while True:
+            line = self.f.readline()
+            if not line:
+                return None  # closed without a reply
+            reply = json.loads(line)
+            if "event" not in reply:
+                return reply
+
+    def close(self):
+        self.sock.close()
+
+
+def yank_req(*instances, oob=False):
+    return {"exec-oob" if oob else "execute": "yank",
+            "arguments": {"instances": list(instances)}}
+
+
+SCRIPT = [
+    {"execute": "query-yank"},
+    yank_req(),
+    yank_req(MIGRATION),
+    yank_req({"type": "chardev", "id": "x"}),
+    yank_req({"type": "block-node", "node-name": "x"}),
+    yank_req({"type": "bogus"}),
+    yank_req({}),
+    yank_req({"type": "chardev"}),
+    yank_req({"type": "migration", "x": 1}),
+    yank_req(MONITOR, MIGRATION),
+    {"execute": "yank", "arguments": {}},
+    {"execute": "yank", "arguments": {"instances": {}}},
+    {"execute": "query-yank", "arguments": {"x": 1}},
+    yank_req(oob=True) | {"id": 7},
+    {"exec-oob": "query-yank", "id": 8},
+    {"execute": "human-monitor-command", "arguments": {"command-line": "info yank"}},
+]
+
+
+def conformance(peer):
+    """The script's replies, query-yank once the peer listens (a
+    destination) and what a yank of the monitor's chardev leaves. Ends the
+    peer (QEMU 10 may greet no third client after that yank)."""
+    peer.release_monitor()
+    peer.qmp = None
+    m = Monitor(peer.qmp_path)
+    out = [m.send(r) for r in SCRIPT]
+    if peer.role == "dest":
+        m.send({"execute": "migrate-incoming", "arguments": {"uri": "tcp:127.0.0.1:0"}})
+        out.append(m.send({"execute": "query-yank"}))
+    out.append(m.send(yank_req(MONITOR)))  # None: closed, no reply
+    m.close()
+    m = Monitor(peer.qmp_path)
+    out.append(m.send({"execute": "query-yank"}))
+    m.send({"execute": "quit"})
+    m.close()
+    return out
+
+
+@test
+def test_commands_as_qemu():
+    with images(SIZE, "zero") as imgs:
+        for role in ("source", "dest"):
+            ram = [(n, s if role == "source" else d, z) for n, s, d, z in imgs]
+            qemu = Peer("qemu", role, ram, "yq")
+            qmigd = Peer("qmigd", role, ram, "ym")
+            try:
+                want, got = conformance(qemu), conformance(qmigd)
+            finally:
+                stop_all(qemu, qmigd)
+            for req, w, g in zip(SCRIPT + [None] * 3, want, got):
+                check(w == g, f"{role}: {json.dumps(req)}: QEMU {w}, qmigd {g}")
+            check(len(want) == len(got), (want, got))
+            print(f"  {role}: {len(want)} replies as QEMU 10's")
+
+
+class FreezingProxy:
+    """Forwards each connection to 127.0.0.1:target until freeze(); then it
+    reads and writes nothing more and holds every connection open: to each
+    side, a peer that stopped reading and stopped sending."""
+
+    def __init__(self, target):
+        self.target = target
+        self.srv = socket.create_server(("127.0.0.1", 0))
+        self.port = self.srv.getsockname()[1]
+        self.frozen = threading.Event()
+        self.socks = [self.srv]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                c, _ = self.srv.accept()
+                u = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                return
+            self.socks += [c, u]
+            for a, b in ((c, u), (u, c)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, a, b):
+        try:
+            while not self.frozen.is_set():
+                if not select.select([a], [], [], 0.05)[0]:
+                    continue
+                data = a.recv(1 << 16)
+                if not data or self.frozen.is_set():
+                    return
+                b.sendall(data)
+        except OSError:
+            return
+
+    def freeze(self):
+        self.frozen.set()
+
+    def close(self):
+        for s in self.socks:
+            s.close()
+
+
+def stuck(peer, secs=15.0):
+    """Waits until the migration's `transferred` stops moving (the socket
+    buffers on the way are full); false if it still moves after `secs`."""
+    deadline, last = time.monotonic() + secs, None
+    while time.monotonic() < deadline:
+        now = peer.status()["ram"]["transferred"]
+        if now == last:
+            return True
+        last = now
+        time.sleep(0.5)
+    return False
+
+
+def yank_within(peer, want, limit=5.0):
+    """Yanks the migration and returns (seconds until `want`, its status)."""
+    t0 = time.monotonic()
+    peer.qmp.cmd("yank", instances=[MIGRATION])
+    info = wait_status(peer, want, timeout=limit, fail_on=("completed",))
+    return time.monotonic() - t0, info
+
+
+def through_proxy(s, d, multifd):
+    s.set_migration(multifd, 2, None, 16 * MiB)
+    d.set_migration(multifd, 2)
+    d.qmp.cmd("migrate-incoming", uri="tcp:127.0.0.1:0", **{"exit-on-error": False})
+    proxy = FreezingProxy(int(d.status()["socket-address"][0]["port"]))
+    s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{proxy.port}")
+    wait_status(s, ("active",), timeout=10)
+    return proxy
+
+
+def yanked_precopy(kind, multifd, dst_kind=None):
+    """Both sides stuck behind the frozen proxy: a yank on the destination
+    fails it while the source stays stuck, then one on the source fails it."""
+    dst_kind = dst_kind or kind
+    with images(SIZE, "random") as imgs, peers(kind, dst_kind, imgs) as (s, d):
+        proxy = through_proxy(s, d, multifd)
+        try:
+            time.sleep(0.5)
+            proxy.freeze()
+            check(stuck(s) and s.status()["status"] == "active",
+                  f"{kind} source not stuck: {s.status()}")
+            check(MIGRATION in s.qmp.cmd("query-yank"), "source: no migration instance")
+            check(MIGRATION in d.qmp.cmd("query-yank"), "destination: no migration instance")
+            dt_d, di = yank_within(d, ("failed",))
+            check(s.status()["status"] == "active", "the source came unstuck by itself")
+            dt_s, si = yank_within(s, ("failed",))
+            for p in (s, d):
+                check(p.qmp.cmd("query-yank") == [MONITOR], f"{p.role}: {p.qmp.cmd('query-yank')}")
+            check(s.qmp.cmd("query-status")["status"] == "running", "source VM not running")
+            check("is multifd on" not in si.get("error-desc", ""), si)  # no peer to blame
+            print(f"  {kind} -> {dst_kind} (multifd {multifd}): destination failed "
+                  f"{dt_d * 1000:.0f} ms after its yank ({di.get('error-desc')!r}), source "
+                  f"{dt_s * 1000:.0f} ms after its own ({si.get('error-desc')!r})")
+        finally:
+            proxy.close()
+        if kind == dst_kind == "qmigd":
+            good_run(s, imgs, d)
+
+
+def yanked_postcopy(kind):
+    """In postcopy a yank pauses each side; a recovery then completes."""
+    pc = [{"capability": "postcopy-ram", "state": True}]
+    with images(SIZE, "random") as imgs, peers(kind, kind, imgs) as (s, d):
+        for p in (s, d):
+            p.qmp.cmd("migrate-set-capabilities", capabilities=pc)
+        s.qmp.cmd("migrate-set-parameters", {"max-postcopy-bandwidth": 16 * MiB})
+        proxy = through_proxy(s, d, False)
+        try:
+            s.qmp.cmd("migrate-start-postcopy")
+            wait_status(s, ("postcopy-active",), timeout=10)
+            wait_status(d, ("postcopy-active",), timeout=10)
+            time.sleep(0.3)
+            proxy.freeze()
+            check(stuck(s), "source not stuck")
+            dt_d, _ = yank_within(d, ("postcopy-paused",))
+            dt_s, _ = yank_within(s, ("postcopy-paused",))
+            for p in (s, d):
+                check(MIGRATION in p.qmp.cmd("query-yank"), f"{p.role}: paused, not listed")
+            port = free_port()
+            d.qmp.cmd("migrate-recover", uri=f"tcp:127.0.0.1:{port}")
+            s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}", resume=True)
+            wait_status(s, ("completed",), timeout=60)
+            wait_status(d, ("completed",), timeout=60)
+        finally:
+            proxy.close()
+        check(files_equal(imgs[0][1], imgs[0][2]), "images differ after the recovery")
+        print(f"  {kind} -> {kind}: postcopy paused {dt_d * 1000:.0f} ms (destination) and "
+              f"{dt_s * 1000:.0f} ms (source) after each yank, recovered, images equal")
+
+
+@test
+def test_yank_unsticks_precopy_qmigd():
+    yanked_precopy("qmigd", True)
+
+
+@test
+def test_yank_unsticks_precopy_qmigd_main_channel_only():
+    yanked_precopy("qmigd", False)
+
+
+@test
+def test_yank_unsticks_precopy_qemu():
+    yanked_precopy("qemu", True)
+
+
+@test
+def test_yank_unsticks_precopy_qmigd_to_qemu():
+    yanked_precopy("qmigd", True, "qemu")
+
+
+@test
+def test_yank_unsticks_precopy_qemu_to_qmigd():
+    yanked_precopy("qemu", True, "qmigd")
+
+
+@test
+def test_yank_pauses_postcopy_qmigd():
+    yanked_postcopy("qmigd")
+
+
+@test
+def test_yank_pauses_postcopy_qemu():
+    yanked_postcopy("qemu")
+
+
+if __name__ == "__main__":
+    main()
