@@ -166,6 +166,9 @@ Result<std::vector<WorkingSetRange>> working_set_decode(std::span<const uint8_t>
     auto map = decode_blocks(r, blocks);
     QMIGD_TRY(map);
     uint64_t n = r.be(4);
+    if (r.truncated()) {
+        return ws_error("truncated before its ranges");
+    }
     // The count is checked against what is left before anything is kept.
     if (n > kWorkingSetMaxRanges || r.left() != n * kRangeBytes) {
         return ws_error(fmt::format("{} ranges in {} bytes", n, r.left()));
