@@ -71,7 +71,7 @@ private:
     bool short_ = false;
 };
 
-Error ws_error(const std::string &why) { return Error("working set: " + why); }
+Error ws_error(const std::string &why) { return Error(why); }
 
 // The record's block table, as indices into the VM's blocks: each named
 // block must be the VM's, of the same size.

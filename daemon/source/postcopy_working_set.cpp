@@ -46,7 +46,8 @@ PostcopyWorkingSet::PostcopyWorkingSet(std::shared_ptr<const ParkedVm> vm,
     }
     auto ranges = working_set_read(*vm_);
     if (!ranges) {
-        spdlog::warn("migration: ignoring the working set: {}", ranges.error().message());
+        spdlog::warn("migration: ignoring the working set (this resume records anew): {}",
+                     ranges.error().message());
     } else {
         loaded_ = std::move(*ranges);
     }
