@@ -45,6 +45,10 @@ struct WorkingSetOptions {
     bool on = true;
     double window_s = 2.0;
     uint64_t max_pages = 65536; // 256 MiB of target pages
+    // After the recorded pages, the aligned span of this many pages around
+    // each (in the record's order): a guest's kernel hands out pages from
+    // the same regions each time, but not the same pages. 0 or 1: none.
+    uint64_t around_pages = 512;
 };
 
 std::string working_set_path(const std::string &dir);

@@ -123,6 +123,8 @@ Status MigrationThread::serve_page_requests()
 {
     bool sent = false;
     while (auto r = requests_->pop()) {
+        spdlog::trace("postcopy: page request block {} offset {:#x} len {}", r->block, r->offset,
+                      r->len);
         if (working_set_) {
             working_set_->requested(*r);
             shared_.stats.working_set_requested = working_set_->requested_anyway();
@@ -142,7 +144,10 @@ Status MigrationThread::send_working_set(const std::function<bool()> &should_yie
                                          bool *left)
 {
     *left = true;
-    while (!should_yield()) {
+    // The spans around the recorded pages go a few pieces at a time, in
+    // turn with the walk (postcopy_send_part()).
+    int pieces = 0;
+    while (!should_yield() && !(working_set_->in_spans() && pieces++ == 4)) {
         auto r = working_set_->next();
         if (!r) {
             *left = false;
@@ -170,15 +175,21 @@ Status MigrationThread::postcopy_send_part()
     };
     while (!slice_over && ram_->dirty_pages() > 0) {
         QMIGD_TRY(serve_page_requests());
-        bool ws_left = false; // the walk goes after the working set only
+        bool ws_left = false;
         if (working_set_) {
             QMIGD_TRY(send_working_set(should_yield, &ws_left));
         }
-        if (ws_left) {
+        // The recorded pages go before the walk; the spans around them in
+        // turn with it, a word of the walk after each few pieces: the walk
+        // from the start of RAM brings what a guest touches at once (its
+        // kernel's pages), which no record holds since the walk always
+        // brought them first.
+        if (ws_left && !working_set_->in_spans()) {
             continue;
         }
         bool round_done = false;
-        QMIGD_TRY(ram_->send_dirty(false, &round_done, should_yield));
+        QMIGD_TRY(ram_->send_dirty(false, &round_done,
+                                   [&] { return should_yield() || ws_left; }));
     }
     QMIGD_TRY(serve_page_requests());
     ram_put_flag(w, RAM_SAVE_FLAG_EOS);

@@ -72,10 +72,45 @@ PostcopyWorkingSet::PostcopyWorkingSet(std::shared_ptr<const ParkedVm> vm,
 
 void PostcopyWorkingSet::start() { started_ = std::chrono::steady_clock::now(); }
 
+// The second pass: the aligned span around each recorded range, each span
+// once (pages in it already sent are skipped by the sender).
+std::optional<WorkingSetRange> PostcopyWorkingSet::next_span()
+{
+    const uint64_t n = opts_.around_pages;
+    while (next_page_ == span_.pages) {
+        if (next_range_ == loaded_.size()) {
+            return std::nullopt;
+        }
+        const WorkingSetRange &r = loaded_[next_range_++];
+        uint64_t block_pages = vm_->blocks[r.block].size / TARGET_PAGE_SIZE;
+        uint64_t first = r.offset / TARGET_PAGE_SIZE / n * n;
+        uint64_t end = std::min(block_pages, (r.offset / TARGET_PAGE_SIZE + r.pages + n - 1) / n * n);
+        next_page_ = 0;
+        span_ = {r.block, first * TARGET_PAGE_SIZE, 0};
+        if (spans_done_.insert(uint64_t(r.block) << 40 | first / n).second) {
+            span_.pages = end - first;
+        }
+    }
+    WorkingSetRange piece{span_.block, span_.offset + next_page_ * TARGET_PAGE_SIZE,
+                          std::min(kWorkingSetPiece, span_.pages - next_page_)};
+    next_page_ += piece.pages;
+    return piece;
+}
+
 std::optional<WorkingSetRange> PostcopyWorkingSet::next()
 {
+    if (around_) {
+        return next_span();
+    }
     if (next_range_ == loaded_.size()) {
-        return std::nullopt;
+        if (opts_.around_pages <= 1) {
+            return std::nullopt;
+        }
+        around_ = true;
+        next_range_ = 0;
+        next_page_ = 0;
+        span_ = {};
+        return next_span();
     }
     const WorkingSetRange &r = loaded_[next_range_];
     WorkingSetRange piece{r.block, r.offset + next_page_ * TARGET_PAGE_SIZE,

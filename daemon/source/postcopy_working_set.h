@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <unordered_set>
 #include <vector>
 
 #include "daemon/park/working_set.h"
@@ -28,9 +29,12 @@ public:
 
     // The package went: the destination's guest runs, the window opens.
     void start();
-    // The next few recorded pages to send first (a piece of a recorded
-    // range, so that a request waits at most that long), or none left.
+    // The next few pages to send first (a piece of a recorded range, so
+    // that a request waits at most that long): the recorded pages, then
+    // the spans around them; none once all went.
     std::optional<WorkingSetRange> next();
+    // The recorded pages went; next() gives the spans around them.
+    bool in_spans() const { return around_; }
     // Before they go: which of the piece's pages are still to send
     // (`still`: the block's migration bitmap), i.e. go as the working set.
     void sending(const WorkingSetRange &r, std::span<const uint64_t> still);
@@ -50,9 +54,14 @@ private:
 
     std::shared_ptr<const ParkedVm> vm_;
     WorkingSetOptions opts_; // max_pages within the format's limit
+    std::optional<WorkingSetRange> next_span();
+
     std::vector<WorkingSetRange> loaded_; // what is sent first, as read
     size_t next_range_ = 0;
-    uint64_t next_page_ = 0; // in loaded_[next_range_]
+    uint64_t next_page_ = 0; // in loaded_[next_range_] or in span_
+    bool around_ = false;     // the second pass: the spans around them
+    WorkingSetRange span_{};  // the span being sent in the second pass
+    std::unordered_set<uint64_t> spans_done_; // block << 40 | span index
     std::vector<WorkingSetRange> record_; // loaded_ (up to the cap), then this resume's
     uint64_t record_pages_ = 0;
     bool added_ = false;        // record_ has pages loaded_ had not

@@ -121,7 +121,8 @@ def test_second_resume_sends_the_first_ones_requests_first():
     def ask_again(c, off):
         if off == 63 * MiB:
             c.sendall(req_pages_id(40 * MiB, 4096))
-    pages, si, hmp, _ = resume(d, "ws-second", on_page=ask_again)
+    pages, si, hmp, _ = resume(d, "ws-second", on_page=ask_again,
+                               extra=["--working-set-around", "0"])
     check(pages[:len(ASKED)] == ASKED, (pages[:8], ASKED))
     check(len(pages) == len(set(pages)), "a page was sent twice")
     check(si["ram"]["x-working-set-pages"] == len(ASKED), si["ram"])
@@ -132,6 +133,13 @@ def test_second_resume_sends_the_first_ones_requests_first():
     check(os.stat(os.path.join(d, WS_FILE)).st_mtime_ns == st.st_mtime_ns, "rewritten")
     print(f"  second resume: first pages {[p >> 12 for p in pages[:5]]} (pages), then "
           f"{len(pages) - 5} by the walk")
+    # By default the aligned 2 MiB around each recorded page follows them,
+    # in turn with the walk from the start of RAM.
+    pages, si, _, _ = resume(d, "ws-around")
+    check(pages[:len(ASKED)] == ASKED, (pages[:8], ASKED))
+    check(pages.index(40 * MiB + 4096) < pages.index(8 * MiB), "the span came after the walk")
+    check(pages.index(1 * MiB) < pages.index(42 * MiB - 4096), "the walk waited for the spans")
+    check(si["ram"]["x-working-set-pages"] == 4 * 512, si["ram"])
 
 
 HOSTILE = [
@@ -209,7 +217,7 @@ def test_read_only_directory_sends_its_working_set_twice_at_once():
                 # The request may come first: requests go before anything.
                 after = [o for o, _ in fake.after if o != 17 * MiB]
                 check(after[:2] == [40 * MiB, 63 * MiB], fake.after[:3])
-                check(si["ram"]["x-working-set-pages"] == 2, si["ram"])
+                check(si["ram"]["x-working-set-pages"] >= 2, si["ram"])
                 check("resuming without recording" in srcs[i].log_text(), "no log line")
         finally:
             for s in srcs:
