@@ -16,6 +16,7 @@
 #include "daemon/loop_dispatcher.h"
 #include "daemon/source/outgoing.h"
 #include "daemon/park/parked_vm.h"
+#include "daemon/park/working_set.h"
 #include "daemon/ram_blocks.h"
 #include "monitor/migration_config.h"
 #include "monitor/monitor_fds.h"
@@ -31,6 +32,8 @@ struct DaemonOptions {
     std::vector<std::string> ram_specs;
     // A parked VM's directory instead of --ram (daemon/park/parked_vm.h).
     std::string ram_dir;
+    // Source --ram-dir: the parked VM's working set on a postcopy resume.
+    WorkingSetOptions working_set;
     std::string incoming = "defer"; // destination: a migration URI or defer
     std::string metrics;            // --metrics HOST:PORT: /metrics for Prometheus
     std::string machine_type = "none";

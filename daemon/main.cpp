@@ -96,6 +96,20 @@ int main(int argc, char **argv)
                      "a migration URI (tcp:, unix:, fd:, exec:, file:) or defer (default)");
     source->add_option("--control", src.control_path,
                        "guest control record (default: first image + .ctl)");
+    source->add_option("--working-set", src.working_set.on,
+                       "with --ram-dir, on a resume by postcopy: send the pages an earlier "
+                       "resume's guest asked for first, and record them (default on)");
+    source->add_option("--working-set-window", src.working_set.window_s,
+                       "seconds from the destination's RUN during which its page requests "
+                       "are recorded (default 2)")
+        ->check(CLI::Range(0.0, 3600.0));
+    source->add_option("--working-set-pages", src.working_set.max_pages,
+                       "pages the record holds at most (default 65536)")
+        ->check(CLI::Range(uint64_t(0), kWorkingSetMaxPages));
+    source->add_option("--working-set-around", src.working_set.around_pages,
+                       "after the recorded pages, the aligned span of this many pages around "
+                       "each (default 512: 2 MiB; 0 = none)")
+        ->check(CLI::Range(uint64_t(0), uint64_t(1) << 20));
     source->add_option("--local-send-buffer", src.local_send_buffer,
                        "SO_SNDBUF of each channel to a destination on this host, keeping the "
                        "pages in flight in cache (default 131072; 0 = kernel autotuning)");

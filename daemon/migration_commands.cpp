@@ -94,6 +94,7 @@ QmpResult Daemon::cmd_migrate(const json &args)
     // handshakes, which a destination started with -uuid checks.
     p.uuid = opts_.uuid == Uuid{} && parked_ && parked_->uuid ? *parked_->uuid : opts_.uuid;
     p.parked = parked_;
+    p.working_set = opts_.working_set;
     p.runstate = runstate_;
     p.auto_converge = config_.capability("auto-converge");
     p.throttle_initial = config_.cpu_throttle_initial();

@@ -37,6 +37,10 @@ void ram_lines(std::string &s, const json &ram)
     if (u(ram, "postcopy-requests")) {
         s += fmt::format("postcopy request count: {}\r\n", u(ram, "postcopy-requests"));
     }
+    if (ram.contains("x-working-set-pages")) { // qmigd's, on a parked VM's postcopy resume
+        s += fmt::format("working set sent: {} pages, then requested: {} pages\r\n",
+                         u(ram, "x-working-set-pages"), u(ram, "x-working-set-requested"));
+    }
     if (u(ram, "precopy-bytes")) {
         s += fmt::format("precopy ram: {} kbytes\r\n", u(ram, "precopy-bytes") >> 10);
     }

@@ -5,15 +5,17 @@ qmigd -> QEMU 10 (resumed), interleaved, the same guest throughout (each
 run's target is the next run's source), unlimited bandwidth.
 
 Every round: QEMU -> QEMU by precopy, then by postcopy; QEMU -> park; the
-parked VM resumed twice from the same directory, by precopy (that target
-is stopped once measured) and by postcopy started at once (that target
-runs on). Precopy uses 4 multifd channels with zero-page-detection
+parked VM resumed three times from the same directory: by precopy, by
+postcopy started at once (these targets are stopped once measured; that
+first postcopy resume records the pages the guest asks for in the
+directory, daemon/park/working_set.h) and by postcopy again, which sends
+that working set first (that target runs on). Precopy uses 4 multifd channels with zero-page-detection
 multifd; postcopy the main channel (QEMU 10 refuses multifd with it) with
 zero-page-detection legacy. Reports medians of: the time from `migrate`
 until the target runs the guest (its query-status, polled every 2 ms),
 until both sides completed (their MIGRATION events), the source's
-downtime and, for postcopy, the page requests; for each switch the
-guest's counter gap.
+downtime and, for postcopy, the page requests (and the pages sent as the
+working set); for each switch the guest's counter gap.
 
   scripts/bench_park.py                  # 1 GiB guest holding 384 MiB, 3 rounds
   scripts/bench_park.py --mem 512M --fill 128 --repeat 5
@@ -59,11 +61,14 @@ def timed(src, dst, channels, postcopy=False):
     ends = [completed_at(p) for p in (src, dst)]
     secs = max(ends) - wall0 if None not in ends else time.monotonic() - t0
     return {"running": running, "secs": secs, "downtime": si.get("downtime", 0),
-            "requests": si["ram"]["postcopy-requests"]}
+            "requests": si["ram"]["postcopy-requests"],
+            "ws": si["ram"].get("x-working-set-pages", 0),
+            "ws_asked": si["ram"].get("x-working-set-requested", 0)}
 
 
 ROWS = ["QEMU -> QEMU", "QEMU -> QEMU (postcopy)", "QEMU -> qmigd (park)",
-        "qmigd -> QEMU (resume)", "qmigd -> QEMU (resume by postcopy)"]
+        "qmigd -> QEMU (resume)", "qmigd -> QEMU (resume by postcopy)",
+        "qmigd -> QEMU (again by postcopy, working set first)"]
 
 
 def main():
@@ -96,9 +101,10 @@ def main():
                 last, nxt, g = lg.continued(before.serial, target.serial, checksum=checksum)
                 run["gap"] = g
                 gap = f"  counter {last} -> {nxt}, guest gap {g:.2f} s"
-            print(f"round {r + 1} {name:36} running after {run['running']:.3f} s, completed "
+            ws = f", working set {run['ws']} pages ({run['ws_asked']} asked)" if run["ws"] else ""
+            print(f"round {r + 1} {name:52} running after {run['running']:.3f} s, completed "
                   f"{run['secs']:.2f} s, downtime {run['downtime']} ms, "
-                  f"{run['requests']} requests{gap}", flush=True)
+                  f"{run['requests']} requests{ws}{gap}", flush=True)
 
         for r in range(args.repeat):
             for name, postcopy in ((ROWS[0], False), (ROWS[1], True)):
@@ -112,14 +118,14 @@ def main():
             run = timed(guest, park, args.channels)
             park.stop()
             record(r, ROWS[2], run)
-            for name, postcopy in ((ROWS[3], False), (ROWS[4], True)):
+            for name, postcopy in ((ROWS[3], False), (ROWS[4], True), (ROWS[5], True)):
                 src = Peer("qmigd", "source", [], "bpark-src", extra=["--ram-dir", d],
                            log_dir=work)
                 target = new_target()
                 run = timed(src, target, args.channels, postcopy)
                 src.stop()
                 record(r, name, run, guest, target)
-                if postcopy:
+                if name == ROWS[-1]:
                     guest.stop()
                     guest = target
                 else:
@@ -127,15 +133,15 @@ def main():
             shutil.rmtree(d)
         print(f"\n| {args.mem} running guest holding {args.fill} MiB of random data, median of "
               f"{args.repeat} | guest runs after s | completed after s | source downtime ms | "
-              f"postcopy requests | guest counter gap s |")
-        print("|---|---|---|---|---|---|")
+              f"postcopy requests | working set pages | guest counter gap s |")
+        print("|---|---|---|---|---|---|---|")
         meds = {}
         for name, rs in runs.items():
             med = meds[name] = {k: statistics.median(x.get(k, 0) for x in rs)
-                                for k in ("running", "secs", "downtime", "requests", "gap")}
+                                for k in ("running", "secs", "downtime", "requests", "gap", "ws")}
             gap = f"{med['gap']:.2f}" if "gap" in rs[0] else "-"
             print(f"| {name} | {med['running']:.3f} | {med['secs']:.2f} | {med['downtime']:.0f} | "
-                  f"{med['requests']:.0f} | {gap} |")
+                  f"{med['requests']:.0f} | {med['ws']:.0f} | {gap} |")
         if args.plot:
             bar_chart(args.plot, f"Parking and resuming a Linux guest of "
                       f"{size_words(parse_size(args.mem))} holding {args.fill} MiB of random "

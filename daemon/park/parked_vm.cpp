@@ -42,9 +42,10 @@ Error file_error(const char *what, const std::string &path, int err)
 // name never points at data a crash could lose. The directory entry is
 // the caller's to sync (sync_dir). Private (0600), as the RAM images: the
 // device state holds the guest's CPU registers and device memory.
-Status write_file(const std::string &path, const void *data, size_t len)
+Status write_file(const std::string &path, const void *data, size_t len,
+                  const std::string &tmp_suffix = ".tmp")
 {
-    std::string tmp = path + ".tmp";
+    std::string tmp = path + tmp_suffix;
     ::unlink(tmp.c_str()); // a leftover of a park that was killed
     UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
     if (!fd) {
@@ -284,6 +285,17 @@ Result<ParkedVm> parse_record(const std::string &dir, const std::string &text)
 Result<ParkedVm> parked_vm_parse(const std::string &dir, const std::string &text)
 {
     return parse_record(dir, text);
+}
+
+Status park_file_write(const std::string &path, const std::string &tmp_suffix,
+                       const void *data, size_t len)
+{
+    return write_file(path, data, len, tmp_suffix);
+}
+
+Result<std::string> park_file_read(const std::string &path, size_t max)
+{
+    return read_file(path, max);
 }
 
 std::string parked_block_file(size_t index, const std::string &idstr)

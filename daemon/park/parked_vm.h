@@ -63,6 +63,14 @@ Status park_dir_check(const std::string &dir);
 // Refuses, before writing anything, a VM whose record would not read back
 // as it is (parked_vm_read() is the judge).
 Status parked_vm_write(const ParkedVm &vm);
+// A small file of the directory, as the park writes its own: through
+// PATH + tmp_suffix, synced before the rename; the directory entry is the
+// caller's to sync (parked_dir_sync()).
+Status park_file_write(const std::string &path, const std::string &tmp_suffix,
+                       const void *data, size_t len);
+// A file of the directory, whole: a regular file of at most `max` bytes,
+// never followed through a symbolic link, never a FIFO or device.
+Result<std::string> park_file_read(const std::string &path, size_t max);
 // fsync of the directory itself: the names in it are durable.
 Status parked_dir_sync(const std::string &dir);
 // vm.json's text as a record (no file is looked at): for the fuzzer.

@@ -14,6 +14,7 @@
 
 #include "daemon/channel.h"
 #include "daemon/park/parked_vm.h"
+#include "daemon/park/working_set.h"
 #include "daemon/thread_safety.h"
 #include "daemon/tls/tls_creds.h"
 #include "protocol/error.h"
@@ -36,6 +37,9 @@ struct OutgoingParams {
     // device state go out as they were received; no timer or globalstate
     // of our own.
     std::shared_ptr<const ParkedVm> parked;
+    // A parked VM's postcopy resume: its working set first, this resume's
+    // requests recorded (daemon/source/postcopy_working_set.h).
+    WorkingSetOptions working_set;
     std::string runstate = "running"; // of the VM when the migration starts
     // auto-converge (QEMU's cpu throttling, applied through GuestControl).
     bool auto_converge = false;
@@ -103,6 +107,11 @@ struct MigrationStats {
     std::atomic<uint64_t> downtime_bytes{0};
     std::atomic<uint64_t> postcopy_bytes{0};
     std::atomic<uint64_t> postcopy_requests{0};
+    // A parked VM's postcopy resume with its working set on: pages sent as
+    // the working set, and how many of them the destination asked for.
+    std::atomic<bool> working_set{false};
+    std::atomic<uint64_t> working_set_pages{0};
+    std::atomic<uint64_t> working_set_requested{0};
     std::atomic<uint64_t> remaining_pages{0};
     std::atomic<uint64_t> dirty_sync_count{0};
     std::atomic<uint64_t> dirty_pages_rate{0};

@@ -14,6 +14,7 @@
 #include "daemon/source/multifd_send.h"
 #include "daemon/source/page_requests.h"
 #include "daemon/source/postcopy_recovery.h"
+#include "daemon/source/postcopy_working_set.h"
 #include "daemon/source/ram_save.h"
 #include "daemon/socket_io.h"
 #include "daemon/tls/tls_session.h"
@@ -149,6 +150,10 @@ Status MigrationThread::setup()
         if (p_.postcopy_ram) {
             requests_ = std::make_unique<PageRequests>(ram_block_descs(blocks_));
             recovery_ = std::make_unique<PostcopyRecovery>(ram_block_descs(blocks_));
+            if (p_.parked && p_.working_set.on) {
+                working_set_ = std::make_unique<PostcopyWorkingSet>(p_.parked, p_.working_set);
+                shared_.stats.working_set = true;
+            }
         }
         rp_ = std::make_unique<ReturnPathIn>(*main_, requests_.get(), recovery_.get());
     }

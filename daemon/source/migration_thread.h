@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -29,6 +30,7 @@ class MappedRamSave;
 class MultifdSend;
 class PageRequests;
 class PostcopyRecovery;
+class PostcopyWorkingSet;
 struct PageChannel;
 class RamSave;
 class XbzrleSave;
@@ -103,6 +105,9 @@ private:
     Status postcopy_iterate();
     Status postcopy_send_part();
     Status serve_page_requests();
+    // A parked VM's working set (after the requests, before the walk);
+    // *left: some of it still to send.
+    Status send_working_set(const std::function<bool()> &should_yield, bool *left);
     Status postcopy_complete();
     Status send_part(bool *round_done);
     Status send_dirty(bool until_done, bool *round_done);
@@ -127,6 +132,7 @@ private:
     std::unique_ptr<Channel> main_;
     std::unique_ptr<PageRequests> requests_; // with postcopy-ram: from rp_ to us
     std::unique_ptr<PostcopyRecovery> recovery_; // with postcopy-ram: from rp_ to us
+    std::unique_ptr<PostcopyWorkingSet> working_set_; // a parked VM's, with postcopy-ram
     // With postcopy-preempt, from the switch on: where requested pages go.
     std::unique_ptr<Channel> preempt_ch_;
     std::unique_ptr<QEMUFileWriter> preempt_out_;

@@ -376,6 +376,11 @@ nlohmann::json OutgoingMigration::query() const
         {"postcopy-bytes", s.postcopy_bytes.load()},
         {"dirty-sync-missed-zero-copy", s.zero_copy_missed.load()},
     };
+    if (s.working_set) {
+        // qmigd's own, on a parked VM's postcopy resume (x-: not QEMU's).
+        r["ram"]["x-working-set-pages"] = s.working_set_pages.load();
+        r["ram"]["x-working-set-requested"] = s.working_set_requested.load();
+    }
     if (params_.xbzrle) {
         r["xbzrle-cache"] = {
             {"cache-size", params_.xbzrle_cache_size},

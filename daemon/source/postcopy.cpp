@@ -18,6 +18,7 @@
 
 #include "daemon/source/page_requests.h"
 #include "daemon/source/postcopy_recovery.h"
+#include "daemon/source/postcopy_working_set.h"
 #include "daemon/source/ram_save.h"
 #include "daemon/socket_io.h"
 #include "daemon/tls/tls_session.h"
@@ -106,6 +107,9 @@ Status MigrationThread::postcopy_start()
         xbzrle_->stop();
     }
     ram_->count_bytes_in(&shared_.stats.postcopy_bytes);
+    if (working_set_) {
+        working_set_->start();
+    }
     owner_.post_status(MigrationStatus::Device, MigrationStatus::PostcopyActive);
     spdlog::info("migration: postcopy started: {} pages discarded at the destination, device "
                  "state {} bytes, downtime {} ms",
@@ -119,6 +123,12 @@ Status MigrationThread::serve_page_requests()
 {
     bool sent = false;
     while (auto r = requests_->pop()) {
+        spdlog::trace("postcopy: page request block {} offset {:#x} len {}", r->block, r->offset,
+                      r->len);
+        if (working_set_) {
+            working_set_->requested(*r);
+            shared_.stats.working_set_requested = working_set_->requested_anyway();
+        }
         QMIGD_TRY(ram_->send_range(r->block, r->offset, r->len, preempt_.get()));
         sent = true;
     }
@@ -127,22 +137,59 @@ Status MigrationThread::serve_page_requests()
     return sent && preempt_out_ ? preempt_out_->flush() : Status();
 }
 
-// One PART section: requested pages, then the background walk until the
-// slice or the rate window is used up, a request comes in, or nothing is
-// left.
+// A parked VM's recorded working set, piece by piece, on the main channel
+// until it is all gone or should_yield() says a request came in or the
+// slice is over; pages already sent are skipped as for a request.
+Status MigrationThread::send_working_set(const std::function<bool()> &should_yield,
+                                         bool *left)
+{
+    *left = true;
+    // The spans around the recorded pages go a few pieces at a time, in
+    // turn with the walk (postcopy_send_part()).
+    int pieces = 0;
+    while (!should_yield() && !(working_set_->in_spans() && pieces++ == 4)) {
+        auto r = working_set_->next();
+        if (!r) {
+            *left = false;
+            return {};
+        }
+        working_set_->sending(*r, ram_->bitmap(r->block));
+        QMIGD_TRY(ram_->send_range(r->block, r->offset, r->pages * TARGET_PAGE_SIZE));
+        shared_.stats.working_set_pages = working_set_->pages_sent();
+    }
+    return {};
+}
+
+// One PART section: requested pages, then a parked VM's working set, then
+// the background walk until the slice or the rate window is used up, a
+// request comes in, or nothing is left.
 Status MigrationThread::postcopy_send_part()
 {
     ByteWriter &w = out_.w();
     savevm_put_section_continue(w, QEMU_VM_SECTION_PART, ram_section_id());
     auto slice_start = Clock::now();
     bool slice_over = false;
+    auto should_yield = [&] {
+        slice_over = Clock::now() - slice_start > kPostcopySlice || over_rate();
+        return slice_over || requests_->pending();
+    };
     while (!slice_over && ram_->dirty_pages() > 0) {
         QMIGD_TRY(serve_page_requests());
+        bool ws_left = false;
+        if (working_set_) {
+            QMIGD_TRY(send_working_set(should_yield, &ws_left));
+        }
+        // The recorded pages go before the walk; the spans around them in
+        // turn with it, a word of the walk after each few pieces: the walk
+        // from the start of RAM brings what a guest touches at once (its
+        // kernel's pages), which no record holds since the walk always
+        // brought them first.
+        if (ws_left && !working_set_->in_spans()) {
+            continue;
+        }
         bool round_done = false;
-        QMIGD_TRY(ram_->send_dirty(false, &round_done, [&] {
-            slice_over = Clock::now() - slice_start > kPostcopySlice || over_rate();
-            return slice_over || requests_->pending();
-        }));
+        QMIGD_TRY(ram_->send_dirty(false, &round_done,
+                                   [&] { return should_yield() || ws_left; }));
     }
     QMIGD_TRY(serve_page_requests());
     ram_put_flag(w, RAM_SAVE_FLAG_EOS);
@@ -203,6 +250,9 @@ Status MigrationThread::postcopy_run()
             st = rp_->wait();
         }
         if (st) {
+            if (working_set_) {
+                working_set_->finish();
+            }
             return {};
         }
         if (rp_ && rp_->destination_misbehaved()) {
