@@ -19,22 +19,21 @@ namespace qmigd {
 
 IncomingMigration::IncomingMigration(uv_loop_t *loop, LoopDispatcher &dispatcher,
                                      std::vector<RAMBlock> &blocks, OnStatus on_status)
-    : loop_(loop), dispatcher_(dispatcher), blocks_(blocks), on_status_(std::move(on_status)),
-      run_(std::make_shared<IncomingAttempt>(static_cast<IncomingOwner &>(*this), params_, blocks_))
+    : loop_(loop), dispatcher_(dispatcher), blocks_(blocks), on_status_(std::move(on_status))
 {
 }
 
 IncomingMigration::~IncomingMigration()
 {
     stop_multifd_watch();
-    if (run_->child_) {
+    if (run_ && run_->child_) {
         run_->child_->kill_now(); // the daemon quits: so does the command, all of it
     }
-    if (run_->load_thread_.joinable()) {
+    if (run_ && run_->load_thread_.joinable()) {
         run_->abort_with(Error("daemon shutting down"));
         run_->load_thread_.join();
     }
-    cleanup_channels();
+    end_attempt();
 }
 
 void IncomingMigration::post_to_loop(std::function<void()> fn)
@@ -57,9 +56,6 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     if (migration_is_running(status_)) {
         return Error("The incoming migration has already been started");
     }
-    if (run_->load_thread_.joinable()) {
-        run_->load_thread_.join();
-    }
     if (params.postcopy_preempt && params.tls.enabled()) {
         return Error("qmigd: a destination takes postcopy-preempt without TLS only");
     }
@@ -69,9 +65,13 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
             return Error("A VM cannot be parked from a mapped-ram file");
         }
     }
-    run_->end_preempt(); // a previous migration's, if any
-    // The previous attempt's threads are joined: a new one replaces it.
+    // An attempt left by a migrate-incoming that failed to start (no
+    // threads: finish() drops any other once they are joined) goes.
+    if (run_) {
+        end_attempt();
+    }
     params_ = params;
+    outcome_ = Outcome{};
     run_ = std::make_shared<IncomingAttempt>(static_cast<IncomingOwner &>(*this), params_, blocks_);
     // A mapped-ram file has no channels to accept: its readers are threads.
     bool sockets = addr.transport == MigrationAddress::Transport::Socket;
@@ -124,15 +124,15 @@ void IncomingMigration::cancel()
         run_->abort_with(Error("migration cancelled")); // finish() reports it
         return;
     }
-    cleanup_channels(); // still listening: nothing else runs
+    end_attempt(); // still listening: nothing else runs
     set_status(MigrationStatus::Cancelled);
 }
 
 void IncomingMigration::fail_setup(const Error &err)
 {
     spdlog::error("incoming migration failed: {}", err.message());
-    run_->error_desc_ = err.message();
-    cleanup_channels();
+    outcome_.error_desc = err.message();
+    end_attempt();
     set_status(MigrationStatus::Failed);
 }
 
@@ -186,26 +186,41 @@ void IncomingMigration::finish(std::optional<Error> err, std::string runstate)
     if (run_->load_thread_.joinable()) {
         run_->load_thread_.join();
     }
-    cleanup_channels();
-    run_->sync_.reset();
-    if ((run_->cancel_requested_ || err) && !params_.park_dir.empty()) {
+    bool cancelled = run_->cancel_requested_;
+    end_attempt();
+    if ((cancelled || err) && !params_.park_dir.empty()) {
         park_discard();
     }
-    if (run_->cancel_requested_) {
+    if (cancelled) {
         set_status(MigrationStatus::Cancelled);
         return;
     }
     if (err) {
         spdlog::error("incoming migration failed: {}", err->message());
-        run_->error_desc_ = err->message();
+        outcome_.error_desc = err->message();
         set_status(MigrationStatus::Failed);
         return;
     }
-    run_->runstate_ = runstate;
+    outcome_.runstate = runstate;
     spdlog::info("incoming migration completed: {} normal pages, {} zero pages, {} bytes "
                  "received",
-                 run_->normal_pages_.load(), run_->zero_pages_.load(), run_->bytes_.load());
+                 outcome_.counts.normal, outcome_.counts.zero, outcome_.counts.bytes);
     set_status(MigrationStatus::Completed);
+}
+
+void IncomingMigration::end_attempt()
+{
+    cleanup_channels();
+    if (run_) {
+        outcome_.counts = run_->counts();
+        run_.reset(); // its threads are joined: nothing else holds it for long
+    }
+}
+
+bool IncomingMigration::current(const std::weak_ptr<IncomingAttempt> &run) const
+{
+    auto r = run.lock();
+    return r && r == run_;
 }
 
 void IncomingMigration::post_end(std::weak_ptr<IncomingAttempt> run, std::optional<Error> err,
@@ -213,10 +228,10 @@ void IncomingMigration::post_end(std::weak_ptr<IncomingAttempt> run, std::option
 {
     post_to_loop([this, run, err = std::move(err), runstate = std::move(runstate),
                   parked = std::move(parked)]() mutable {
-        if (run.lock() != run_) {
+        if (!current(run)) {
             return; // not the current attempt's end (start() joins first: never)
         }
-        run_->parked_ = std::move(parked);
+        outcome_.parked = std::move(parked);
         finish(err, runstate);
     });
 }
@@ -225,7 +240,7 @@ void IncomingMigration::post_status(std::weak_ptr<IncomingAttempt> run, Migratio
                                     MigrationStatus to)
 {
     post_to_loop([this, run, from, to] {
-        if (run.lock() == run_ && status_ == from) {
+        if (current(run) && status_ == from) {
             set_status(to);
         }
     });
@@ -249,7 +264,7 @@ void IncomingMigration::post_blocks(std::shared_ptr<IncomingAttempt> run,
 void IncomingMigration::post_pause(std::weak_ptr<IncomingAttempt> run)
 {
     post_to_loop([this, run] {
-        if (run.lock() == run_ && (status_ == MigrationStatus::PostcopyActive ||
+        if (current(run) && (status_ == MigrationStatus::PostcopyActive ||
                                    status_ == MigrationStatus::PostcopyRecover)) {
             pause();
         }
@@ -262,7 +277,7 @@ void IncomingMigration::park_discard()
         ::unlink(parked_block_path(params_.park_dir, i, blocks_[i].desc.idstr).c_str());
     }
     blocks_.clear();
-    run_->parked_.reset();
+    outcome_.parked.reset();
 }
 
 nlohmann::json IncomingMigration::query() const
@@ -275,22 +290,22 @@ nlohmann::json IncomingMigration::query() const
     if (listener_ && listener_->listening()) {
         r["socket-address"] = json::array({socket_address_json(listener_->address())});
     }
-    if (status_ == MigrationStatus::Failed && !run_->error_desc_.empty()) {
-        r["error-desc"] = run_->error_desc_;
+    if (status_ == MigrationStatus::Failed && !outcome_.error_desc.empty()) {
+        r["error-desc"] = outcome_.error_desc;
     }
-    // qmigd addition: what the destination received.
-    r["incoming"] = {{"normal", run_->normal_pages_.load()},
-                     {"zero", run_->zero_pages_.load()},
-                     {"bytes", run_->bytes_.load()}};
-    if (run_->parked_ && status_ == MigrationStatus::Completed) {
+    // qmigd addition: what the destination received (live while it runs).
+    IncomingCounts n = run_ ? run_->counts() : outcome_.counts;
+    r["incoming"] = {{"normal", n.normal}, {"zero", n.zero}, {"bytes", n.bytes}};
+    const std::optional<ParkedVm> &parked = outcome_.parked;
+    if (parked && status_ == MigrationStatus::Completed) {
         json blocks = json::array();
-        for (const auto &b : run_->parked_->blocks) {
+        for (const auto &b : parked->blocks) {
             blocks.push_back({{"id", b.idstr}, {"size", b.size}});
         }
-        r["parked"] = {{"dir", run_->parked_->dir},
-                       {"machine-type", run_->parked_->machine_type},
+        r["parked"] = {{"dir", parked->dir},
+                       {"machine-type", parked->machine_type},
                        {"blocks", blocks},
-                       {"device-state-bytes", run_->parked_->device_state_bytes}};
+                       {"device-state-bytes", parked->device_state_bytes}};
     }
     return r;
 }

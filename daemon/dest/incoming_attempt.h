@@ -1,7 +1,8 @@
 // IncomingAttempt: one migrate-incoming's channels, threads, parking and counters; IncomingOwner.
 //
-// IncomingMigration makes a new one at each migrate-incoming, once the
-// previous attempt's threads are joined: nothing per run is reset by hand.
+// IncomingMigration makes a new one at each migrate-incoming (nothing per
+// run is reset by hand) and drops it once its threads are joined, keeping
+// only what query-migrate reads (counts()).
 #pragma once
 
 #include <atomic>
@@ -32,6 +33,13 @@ namespace qmigd {
 
 class ImageLoadHandler;
 struct IncomingAttempt;
+
+// What an attempt received: pages (normal, zero) and bytes.
+struct IncomingCounts {
+    uint64_t normal = 0;
+    uint64_t zero = 0;
+    uint64_t bytes = 0;
+};
 
 // What an attempt's threads ask of the loop (IncomingMigration), as the
 // source's MigrationThread asks MigrationOwner. Called from the attempt's
@@ -114,18 +122,19 @@ struct IncomingAttempt : std::enable_shared_from_this<IncomingAttempt> {
     Result<ParkedVm> park_finish(LoadvmResult &result);
     // Any thread: record the first error and wake every thread.
     void abort_with(const Error &err);
+    // Any thread: what the threads received so far (query-migrate's
+    // "incoming"; the loop keeps the last values once they are joined).
+    IncomingCounts counts() const
+    {
+        return {normal_pages_.load(), zero_pages_.load(), bytes_.load()};
+    }
 
     IncomingOwner &owner_;
     const IncomingParams params_; // set at construction, read-only
     std::vector<RAMBlock> &blocks_;
 
-    // Loop thread only: the attempt's outcome, for query-migrate.
-    std::string runstate_ = "inmigrate"; // the source's globalstate, once complete
-    std::string error_desc_;
+    // Loop thread only: migrate_cancel came (finish() reports `cancelled`).
     bool cancel_requested_ = false;
-    // The parked VM once complete (query): the load thread hands it over
-    // with finish().
-    std::optional<ParkedVm> parked_;
     // Started by the loop (maybe_start()), joined by it (finish(), or the
     // next start() / the destructor).
     std::thread load_thread_;

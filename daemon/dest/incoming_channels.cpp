@@ -202,7 +202,7 @@ void IncomingMigration::stop_multifd_watch()
 // Loop thread, every 50 ms while the multifd channels are missing.
 void IncomingMigration::check_multifd_missing()
 {
-    if (!run_->main_ || loading() || status_ != MigrationStatus::Setup) {
+    if (status_ != MigrationStatus::Setup || !run_->main_) {
         stop_multifd_watch();
         return;
     }
@@ -412,7 +412,9 @@ Status IncomingMigration::open_mapped_ram(const MigrationAddress &addr, int fd)
 
 void IncomingMigration::cleanup_channels()
 {
-    run_->end_preempt();
+    if (run_) {
+        run_->end_preempt();
+    }
     stop_multifd_watch();
     if (listener_) {
         listener_->close();
@@ -421,6 +423,9 @@ void IncomingMigration::cleanup_channels()
     generation_++;
     if (handshakes_) {
         handshakes_->close_all(); // their results still come: tls_ready() closes them
+    }
+    if (!run_) {
+        return;
     }
     // An exec: command gets EOF or EPIPE from the close below and ends;
     // it is reaped on the loop whenever it does.

@@ -19,7 +19,7 @@ namespace qmigd {
 
 bool IncomingMigration::take_preempt(PendingConnection *c)
 {
-    if (!params_.postcopy_preempt || !run_->main_ || !loading()) {
+    if (!params_.postcopy_preempt || !loading() || !run_->main_) {
         return false;
     }
     MutexLock lk(run_->preempt_mu_);
