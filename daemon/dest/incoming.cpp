@@ -26,12 +26,8 @@ IncomingMigration::IncomingMigration(uv_loop_t *loop, LoopDispatcher &dispatcher
 IncomingMigration::~IncomingMigration()
 {
     stop_multifd_watch();
-    if (run_ && run_->child_) {
-        run_->child_->kill_now(); // the daemon quits: so does the command, all of it
-    }
-    if (run_ && run_->load_thread_.joinable()) {
-        run_->abort_with(Error("daemon shutting down"));
-        run_->load_thread_.join();
+    if (run_) {
+        run_->quit();
     }
     end_attempt();
 }
@@ -75,14 +71,16 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     run_ = std::make_shared<IncomingAttempt>(static_cast<IncomingOwner &>(*this), params_, blocks_);
     // A mapped-ram file has no channels to accept: its readers are threads.
     bool sockets = addr.transport == MigrationAddress::Transport::Socket;
-    run_->multifd_.resize(params.multifd && sockets ? params.channels : 0);
+    run_->expect_multifd(params.multifd && sockets ? params.channels : 0);
     for (auto &b : blocks_) {
         b.image->scan_holes();
     }
     if (addr.transport != MigrationAddress::Transport::Socket) {
         // The stream is one file or pipe: the main channel at once.
+        std::shared_ptr<CommandChild> child;
         auto opened = one_channel_open(loop_, addr, false, params.tls.enabled(), fd_source_,
-                                       &run_->child_);
+                                       &child);
+        run_->set_child(std::move(child));
         QMIGD_TRY(opened);
         UniqueFd fd(*opened);
         if (params.mapped_ram) {
@@ -95,7 +93,7 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
             handshake_on_thread(std::move(fd), {});
             return {};
         }
-        run_->main_ = IncomingAttempt::Accepted{std::make_unique<Channel>(std::move(fd)), {}};
+        run_->set_main({std::make_unique<Channel>(std::move(fd)), {}});
         maybe_start();
         return {};
     }
@@ -118,7 +116,7 @@ void IncomingMigration::cancel()
     if (!migration_is_running(status_)) {
         return;
     }
-    run_->cancel_requested_ = true;
+    run_->request_cancel();
     spdlog::info("incoming migration: cancelled by migrate_cancel");
     if (loading()) {
         run_->abort_with(Error("migration cancelled")); // finish() reports it
@@ -138,55 +136,24 @@ void IncomingMigration::fail_setup(const Error &err)
 
 void IncomingMigration::maybe_start()
 {
-    if (!run_->main_) {
+    if (!run_->channels_complete()) {
         return;
     }
-    for (const auto &ch : run_->multifd_) {
-        if (!ch) {
-            return;
-        }
-    }
     stop_multifd_watch();
-    // mapped-ram never sends MULTIFD_FLUSH: its multifd is the file readers.
-    bool channels = !run_->multifd_.empty();
-    run_->load_cfg_ = LoadvmConfig{};
-    run_->load_cfg_.machine_type = params_.machine_type;
-    run_->load_cfg_.blocks = ram_block_descs(blocks_);
-    run_->load_cfg_.multifd = channels;
-    run_->load_cfg_.mapped_ram = params_.mapped_ram;
-    run_->load_cfg_.ignore_shared = params_.ignore_shared;
-    run_->load_cfg_.uuid = params_.uuid;
-    run_->load_cfg_.park = !params_.park_dir.empty();
-    run_->load_cfg_.postcopy_ram = params_.postcopy_ram;
-    if (params_.postcopy_ram && !run_->load_cfg_.park) {
-        for (const auto &b : blocks_) {
-            run_->received_.push_back(std::make_unique<ReceivedBitmap>(b.image->pages()));
-        }
-    }
-    run_->sync_ = channels ? std::make_unique<MultifdRecvSync>(run_->multifd_.size()) : nullptr;
-    set_link_timeout(run_->main_->ch->fd(), params_.link_timeout_ms);
-    for (const auto &ch : run_->multifd_) {
-        set_link_timeout(ch->ch->fd(), params_.link_timeout_ms);
-    }
     set_status(MigrationStatus::Active);
-    if (run_->multifd_.empty()) {
+    if (run_->multifd_expected() == 0) {
         spdlog::info("incoming migration: main channel connected");
     } else {
         spdlog::info("incoming migration: main channel and {} multifd channels connected",
-                     run_->multifd_.size());
+                     run_->multifd_expected());
     }
-    run_->load_thread_ = std::thread([run = run_.get()] {
-        set_thread_name("mig/dst/main");
-        run->load_thread_main();
-    });
+    run_->start_load();
 }
 
 void IncomingMigration::finish(std::optional<Error> err, std::string runstate)
 {
-    if (run_->load_thread_.joinable()) {
-        run_->load_thread_.join();
-    }
-    bool cancelled = run_->cancel_requested_;
+    run_->join_load();
+    bool cancelled = run_->cancel_requested();
     end_attempt();
     if ((cancelled || err) && !params_.park_dir.empty()) {
         park_discard();
@@ -210,10 +177,16 @@ void IncomingMigration::finish(std::optional<Error> err, std::string runstate)
 
 void IncomingMigration::end_attempt()
 {
+    if (run_) {
+        run_->end_preempt();
+    }
     cleanup_channels();
     if (run_) {
         outcome_.counts = run_->counts();
-        run_.reset(); // its threads are joined: nothing else holds it for long
+        // Its threads are joined: its channels close with it (an exec:
+        // command gets EOF or EPIPE and ends; it is reaped on the loop
+        // whenever it does).
+        run_.reset();
     }
 }
 

@@ -108,6 +108,8 @@ private:
     void maybe_start();
     void set_status(MigrationStatus s);
     void fail_setup(const Error &err);
+    // The loop's own channels go: the listener and the TLS handshakes (an
+    // attempt's channels close with it).
     void cleanup_channels();
     // The attempt's threads are joined (or never started): its channels
     // close, its counters go into outcome_, and it goes.

@@ -19,6 +19,76 @@
 
 namespace qmigd {
 
+size_t IncomingAttempt::multifd_arrived() const
+{
+    size_t have = 0;
+    for (const auto &ch : multifd_) {
+        have += ch ? 1 : 0;
+    }
+    return have;
+}
+
+Status IncomingAttempt::add_multifd(size_t id, std::unique_ptr<Channel> &ch)
+{
+    if (multifd_[id]) {
+        return Error(fmt::format("multifd: received id '{}' already setup'", id));
+    }
+    multifd_[id] = Accepted{std::move(ch), {}};
+    return {};
+}
+
+bool IncomingAttempt::channels_complete() const
+{
+    return main_ && multifd_arrived() == multifd_.size();
+}
+
+void IncomingAttempt::start_load()
+{
+    // mapped-ram never sends MULTIFD_FLUSH: its multifd is the file readers.
+    bool channels = !multifd_.empty();
+    load_cfg_ = LoadvmConfig{};
+    load_cfg_.machine_type = params_.machine_type;
+    load_cfg_.blocks = ram_block_descs(blocks_);
+    load_cfg_.multifd = channels;
+    load_cfg_.mapped_ram = params_.mapped_ram;
+    load_cfg_.ignore_shared = params_.ignore_shared;
+    load_cfg_.uuid = params_.uuid;
+    load_cfg_.park = !params_.park_dir.empty();
+    load_cfg_.postcopy_ram = params_.postcopy_ram;
+    if (params_.postcopy_ram && !load_cfg_.park) {
+        for (const auto &b : blocks_) {
+            received_.push_back(std::make_unique<ReceivedBitmap>(b.image->pages()));
+        }
+    }
+    sync_ = channels ? std::make_unique<MultifdRecvSync>(multifd_.size()) : nullptr;
+    set_link_timeout(main_->ch->fd(), params_.link_timeout_ms);
+    for (const auto &ch : multifd_) {
+        set_link_timeout(ch->ch->fd(), params_.link_timeout_ms);
+    }
+    load_thread_ = std::thread([this] {
+        set_thread_name("mig/dst/main");
+        load_thread_main();
+    });
+}
+
+void IncomingAttempt::join_load()
+{
+    if (load_thread_.joinable()) {
+        load_thread_.join();
+    }
+}
+
+void IncomingAttempt::quit()
+{
+    if (child_) {
+        child_->kill_now(); // the daemon quits: so does the command, all of it
+    }
+    if (load_thread_.joinable()) {
+        abort_with(Error("daemon shutting down"));
+        load_thread_.join();
+    }
+}
+
 Status IncomingAttempt::park_announce(const std::vector<RamBlockDesc> &descs)
 {
     std::vector<RAMBlock> made;

@@ -19,11 +19,16 @@ namespace qmigd {
 
 bool IncomingMigration::take_preempt(PendingConnection *c)
 {
-    if (!params_.postcopy_preempt || !loading() || !run_->main_) {
+    return params_.postcopy_preempt && loading() && run_->take_preempt(c);
+}
+
+bool IncomingAttempt::take_preempt(PendingConnection *c)
+{
+    if (!main_) {
         return false;
     }
-    MutexLock lk(run_->preempt_mu_);
-    if (run_->preempt_ended_ || run_->preempt_) {
+    MutexLock lk(preempt_mu_);
+    if (preempt_ended_ || preempt_) {
         return false; // a stranger, as any other connection
     }
     auto fd = c->take();
@@ -31,11 +36,11 @@ bool IncomingMigration::take_preempt(PendingConnection *c)
         return true;
     }
     set_link_timeout(*fd, params_.link_timeout_ms);
-    run_->preempt_ = std::make_unique<Channel>(UniqueFd(*fd));
-    run_->preempt_done_ = run_->preempt_used_ = false;
-    run_->preempt_thread_ = std::thread([run = run_.get(), ch = run_->preempt_.get()] {
+    preempt_ = std::make_unique<Channel>(UniqueFd(*fd));
+    preempt_done_ = preempt_used_ = false;
+    preempt_thread_ = std::thread([this, ch = preempt_.get()] {
         set_thread_name("mig/dst/preempt");
-        run->preempt_thread_main(ch);
+        preempt_thread_main(ch);
     });
     spdlog::info("incoming migration: postcopy preempt channel connected");
     return true;
@@ -211,7 +216,7 @@ Result<Channel *> IncomingAttempt::postcopy_pause_incoming(const Error &why)
 
 bool IncomingMigration::take_recovered(PendingConnection *c)
 {
-    if (status_ != MigrationStatus::PostcopyPaused || !run_->main_) {
+    if (status_ != MigrationStatus::PostcopyPaused || !run_->has_main()) {
         return false;
     }
     auto fd = c->take();
@@ -221,16 +226,21 @@ bool IncomingMigration::take_recovered(PendingConnection *c)
     set_link_timeout(*fd, params_.link_timeout_ms);
     set_status(MigrationStatus::PostcopyRecover);
     spdlog::info("incoming migration: postcopy recovery: new main channel connected");
+    run_->take_recovered(UniqueFd(*fd));
+    return true;
+}
+
+void IncomingAttempt::take_recovered(UniqueFd fd)
+{
     {
         // The previous recovery's channel goes (the load thread dropped
-        // it when it paused); main_'s stays open, shut, until cleanup.
-        MutexLock lk(run_->recover_mu_);
-        run_->current_main()->shutdown();
-        run_->recovered_ = std::make_unique<Channel>(UniqueFd(*fd));
-        run_->recover_new_ = true;
+        // it when it paused); main_'s stays open, shut, until the attempt goes.
+        MutexLock lk(recover_mu_);
+        current_main()->shutdown();
+        recovered_ = std::make_unique<Channel>(std::move(fd));
+        recover_new_ = true;
     }
-    run_->recover_cv_.notify_all();
-    return true;
+    recover_cv_.notify_all();
 }
 
 Status IncomingMigration::recover(const MigrationAddress &addr)
@@ -268,16 +278,21 @@ Status IncomingMigration::recover(const MigrationAddress &addr)
 void IncomingMigration::pause()
 {
     spdlog::info("incoming migration: postcopy paused by migrate-pause");
+    run_->pause();
+}
+
+void IncomingAttempt::pause()
+{
     {
         // The load thread may be past the main stream, waiting for the
-        // preempt channel's end marker (run_->end_preempt()): that wait ends too.
-        MutexLock lk(run_->preempt_mu_);
-        run_->pause_requested_ = true;
+        // preempt channel's end marker (end_preempt()): that wait ends too.
+        MutexLock lk(preempt_mu_);
+        pause_requested_ = true;
     }
-    run_->preempt_cv_.notify_all();
-    if (run_->main_) {
-        MutexLock lk(run_->recover_mu_);
-        run_->current_main()->shutdown();
+    preempt_cv_.notify_all();
+    if (main_) {
+        MutexLock lk(recover_mu_);
+        current_main()->shutdown();
     }
 }
 
