@@ -169,7 +169,8 @@ def huge_pages_touched(path):
 
 
 SHORT_SECS = 2.0
-DEFAULT_IDLE = 1.0  # seconds before each run; other --idle values name their cells
+DEFAULT_IDLE = 1.0  # seconds before each run (--idle)
+SHOW_IDLE = False  # more than one --idle value: each names its cells
 
 
 def is_short(per_pair):
@@ -265,7 +266,7 @@ def fmt_cell(cell):
     backing, content, ch, zpd, comp, idle = cell
     return (f"{backing} {content} {'mf' + str(ch) if ch else 'plain'} {zpd}"
             + (f" {comp}" if comp != "none" else "") + (" tls" if TLS_DIRS else "")
-            + (f" idle {idle:g}s" if idle != DEFAULT_IDLE else ""))
+            + (f" idle {idle:g}s" if SHOW_IDLE else ""))
 
 
 def machine_bound(cell, runs, size, limits):
@@ -401,7 +402,7 @@ def cell_words(cell):
         parts.append(f"{comp} compression")
     if TLS_DIRS:
         parts.append("TLS")
-    if idle != DEFAULT_IDLE:
+    if SHOW_IDLE:
         parts.append(f"{idle:g} s idle before")
     return ", ".join(parts)
 
@@ -426,6 +427,7 @@ def plot(results, path):
 
 
 def main():
+    global SHOW_IDLE
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--grid", action="store_true", help="every cell of two grids: shm 4G x content zero,random,mixed,text x "
@@ -478,6 +480,7 @@ def main():
                 GRID_4K["size"] if cell[0] == "shm" else GRID_HUGE["size"])
             if r.get("huge_touched") is not None:
                 HUGE_TOUCHED[cell] = r["huge_touched"]
+        SHOW_IDLE = len({c[5] for c in results}) > 1
         print(table(results, 0, saved["limits"]))
         print("\n" + memory_table(results))
         if args.plot:
@@ -485,6 +488,7 @@ def main():
         return
     args.pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
     args.idle = [float(x) for x in args.idle.split(",")]
+    SHOW_IDLE = len(args.idle) > 1
     if args.tls:
         import tempfile
         import tls_certs

@@ -19,22 +19,17 @@ namespace qmigd {
 
 IncomingMigration::IncomingMigration(uv_loop_t *loop, LoopDispatcher &dispatcher,
                                      std::vector<RAMBlock> &blocks, OnStatus on_status)
-    : loop_(loop), dispatcher_(dispatcher), blocks_(blocks), on_status_(std::move(on_status)),
-      run_(std::make_shared<IncomingAttempt>(static_cast<IncomingOwner &>(*this), params_, blocks_))
+    : loop_(loop), dispatcher_(dispatcher), blocks_(blocks), on_status_(std::move(on_status))
 {
 }
 
 IncomingMigration::~IncomingMigration()
 {
     stop_multifd_watch();
-    if (run_->child_) {
-        run_->child_->kill_now(); // the daemon quits: so does the command, all of it
+    if (run_) {
+        run_->quit();
     }
-    if (run_->load_thread_.joinable()) {
-        run_->abort_with(Error("daemon shutting down"));
-        run_->load_thread_.join();
-    }
-    cleanup_channels();
+    end_attempt();
 }
 
 void IncomingMigration::post_to_loop(std::function<void()> fn)
@@ -57,9 +52,6 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     if (migration_is_running(status_)) {
         return Error("The incoming migration has already been started");
     }
-    if (run_->load_thread_.joinable()) {
-        run_->load_thread_.join();
-    }
     if (params.postcopy_preempt && params.tls.enabled()) {
         return Error("qmigd: a destination takes postcopy-preempt without TLS only");
     }
@@ -69,20 +61,26 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
             return Error("A VM cannot be parked from a mapped-ram file");
         }
     }
-    run_->end_preempt(); // a previous migration's, if any
-    // The previous attempt's threads are joined: a new one replaces it.
+    // An attempt left by a migrate-incoming that failed to start (no
+    // threads: finish() drops any other once they are joined) goes.
+    if (run_) {
+        end_attempt();
+    }
     params_ = params;
+    outcome_ = Outcome{};
     run_ = std::make_shared<IncomingAttempt>(static_cast<IncomingOwner &>(*this), params_, blocks_);
     // A mapped-ram file has no channels to accept: its readers are threads.
     bool sockets = addr.transport == MigrationAddress::Transport::Socket;
-    run_->multifd_.resize(params.multifd && sockets ? params.channels : 0);
+    run_->expect_multifd(params.multifd && sockets ? params.channels : 0);
     for (auto &b : blocks_) {
         b.image->scan_holes();
     }
     if (addr.transport != MigrationAddress::Transport::Socket) {
         // The stream is one file or pipe: the main channel at once.
+        std::shared_ptr<CommandChild> child;
         auto opened = open_one_channel(loop_, addr, false, params.tls.enabled(), fd_source_,
-                                       &run_->child_);
+                                       &child);
+        run_->set_child(std::move(child));
         QMIGD_TRY(opened);
         UniqueFd fd = std::move(*opened);
         if (params.mapped_ram) {
@@ -95,7 +93,7 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
             handshake_on_thread(std::move(fd), {});
             return {};
         }
-        run_->main_ = IncomingAttempt::Accepted{std::make_unique<Channel>(std::move(fd)), {}};
+        run_->set_main({std::make_unique<Channel>(std::move(fd)), {}});
         maybe_start();
         return {};
     }
@@ -118,94 +116,84 @@ void IncomingMigration::cancel()
     if (!migration_is_running(status_)) {
         return;
     }
-    run_->cancel_requested_ = true;
+    run_->request_cancel();
     spdlog::info("incoming migration: cancelled by migrate_cancel");
     if (loading()) {
         run_->abort_with(Error("migration cancelled")); // finish() reports it
         return;
     }
-    cleanup_channels(); // still listening: nothing else runs
+    end_attempt(); // still listening: nothing else runs
     set_status(MigrationStatus::Cancelled);
 }
 
 void IncomingMigration::fail_setup(const Error &err)
 {
     spdlog::error("incoming migration failed: {}", err.message());
-    run_->error_desc_ = err.message();
-    cleanup_channels();
+    outcome_.error_desc = err.message();
+    end_attempt();
     set_status(MigrationStatus::Failed);
 }
 
 void IncomingMigration::maybe_start()
 {
-    if (!run_->main_) {
+    if (!run_->channels_complete()) {
         return;
     }
-    for (const auto &ch : run_->multifd_) {
-        if (!ch) {
-            return;
-        }
-    }
     stop_multifd_watch();
-    // mapped-ram never sends MULTIFD_FLUSH: its multifd is the file readers.
-    bool channels = !run_->multifd_.empty();
-    run_->load_cfg_ = LoadvmConfig{};
-    run_->load_cfg_.machine_type = params_.machine_type;
-    run_->load_cfg_.blocks = ram_block_descs(blocks_);
-    run_->load_cfg_.multifd = channels;
-    run_->load_cfg_.mapped_ram = params_.mapped_ram;
-    run_->load_cfg_.ignore_shared = params_.ignore_shared;
-    run_->load_cfg_.uuid = params_.uuid;
-    run_->load_cfg_.park = !params_.park_dir.empty();
-    run_->load_cfg_.postcopy_ram = params_.postcopy_ram;
-    if (params_.postcopy_ram && !run_->load_cfg_.park) {
-        for (const auto &b : blocks_) {
-            run_->received_.push_back(std::make_unique<ReceivedBitmap>(b.image->pages()));
-        }
-    }
-    run_->sync_ = channels ? std::make_unique<MultifdRecvSync>(run_->multifd_.size()) : nullptr;
-    set_link_timeout(run_->main_->ch->fd(), params_.link_timeout_ms);
-    for (const auto &ch : run_->multifd_) {
-        set_link_timeout(ch->ch->fd(), params_.link_timeout_ms);
-    }
     set_status(MigrationStatus::Active);
-    if (run_->multifd_.empty()) {
+    if (run_->multifd_expected() == 0) {
         spdlog::info("incoming migration: main channel connected");
     } else {
         spdlog::info("incoming migration: main channel and {} multifd channels connected",
-                     run_->multifd_.size());
+                     run_->multifd_expected());
     }
-    run_->load_thread_ = std::thread([run = run_.get()] {
-        set_thread_name("mig/dst/main");
-        run->load_thread_main();
-    });
+    run_->start_load();
 }
 
 void IncomingMigration::finish(std::optional<Error> err, std::string runstate)
 {
-    if (run_->load_thread_.joinable()) {
-        run_->load_thread_.join();
-    }
-    cleanup_channels();
-    run_->sync_.reset();
-    if ((run_->cancel_requested_ || err) && !params_.park_dir.empty()) {
+    run_->join_load();
+    bool cancelled = run_->cancel_requested();
+    end_attempt();
+    if ((cancelled || err) && !params_.park_dir.empty()) {
         park_discard();
     }
-    if (run_->cancel_requested_) {
+    if (cancelled) {
         set_status(MigrationStatus::Cancelled);
         return;
     }
     if (err) {
         spdlog::error("incoming migration failed: {}", err->message());
-        run_->error_desc_ = err->message();
+        outcome_.error_desc = err->message();
         set_status(MigrationStatus::Failed);
         return;
     }
-    run_->runstate_ = runstate;
+    outcome_.runstate = runstate;
     spdlog::info("incoming migration completed: {} normal pages, {} zero pages, {} bytes "
                  "received",
-                 run_->normal_pages_.load(), run_->zero_pages_.load(), run_->bytes_.load());
+                 outcome_.counts.normal, outcome_.counts.zero, outcome_.counts.bytes);
     set_status(MigrationStatus::Completed);
+}
+
+void IncomingMigration::end_attempt()
+{
+    if (run_) {
+        run_->end_preempt();
+    }
+    cleanup_channels();
+    if (run_) {
+        outcome_.counts = run_->counts();
+        // Its threads are joined: its channels close with it (an exec:
+        // command gets EOF or EPIPE and ends; it is reaped on the loop
+        // whenever it does).
+        run_.reset();
+    }
+}
+
+bool IncomingMigration::current(const std::weak_ptr<IncomingAttempt> &run) const
+{
+    auto r = run.lock();
+    return r && r == run_;
 }
 
 void IncomingMigration::post_end(std::weak_ptr<IncomingAttempt> run, std::optional<Error> err,
@@ -213,10 +201,10 @@ void IncomingMigration::post_end(std::weak_ptr<IncomingAttempt> run, std::option
 {
     post_to_loop([this, run, err = std::move(err), runstate = std::move(runstate),
                   parked = std::move(parked)]() mutable {
-        if (run.lock() != run_) {
+        if (!current(run)) {
             return; // not the current attempt's end (start() joins first: never)
         }
-        run_->parked_ = std::move(parked);
+        outcome_.parked = std::move(parked);
         finish(err, runstate);
     });
 }
@@ -225,7 +213,7 @@ void IncomingMigration::post_status(std::weak_ptr<IncomingAttempt> run, Migratio
                                     MigrationStatus to)
 {
     post_to_loop([this, run, from, to] {
-        if (run.lock() == run_ && status_ == from) {
+        if (current(run) && status_ == from) {
             set_status(to);
         }
     });
@@ -249,7 +237,7 @@ void IncomingMigration::post_blocks(std::shared_ptr<IncomingAttempt> run,
 void IncomingMigration::post_pause(std::weak_ptr<IncomingAttempt> run)
 {
     post_to_loop([this, run] {
-        if (run.lock() == run_ && (status_ == MigrationStatus::PostcopyActive ||
+        if (current(run) && (status_ == MigrationStatus::PostcopyActive ||
                                    status_ == MigrationStatus::PostcopyRecover)) {
             pause();
         }
@@ -262,7 +250,7 @@ void IncomingMigration::park_discard()
         ::unlink(parked_block_path(params_.park_dir, i, blocks_[i].desc.idstr).c_str());
     }
     blocks_.clear();
-    run_->parked_.reset();
+    outcome_.parked.reset();
 }
 
 nlohmann::json IncomingMigration::query() const
@@ -275,22 +263,22 @@ nlohmann::json IncomingMigration::query() const
     if (listener_ && listener_->listening()) {
         r["socket-address"] = json::array({socket_address_json(listener_->address())});
     }
-    if (status_ == MigrationStatus::Failed && !run_->error_desc_.empty()) {
-        r["error-desc"] = run_->error_desc_;
+    if (status_ == MigrationStatus::Failed && !outcome_.error_desc.empty()) {
+        r["error-desc"] = outcome_.error_desc;
     }
-    // qmigd addition: what the destination received.
-    r["incoming"] = {{"normal", run_->normal_pages_.load()},
-                     {"zero", run_->zero_pages_.load()},
-                     {"bytes", run_->bytes_.load()}};
-    if (run_->parked_ && status_ == MigrationStatus::Completed) {
+    // qmigd addition: what the destination received (live while it runs).
+    IncomingCounts n = run_ ? run_->counts() : outcome_.counts;
+    r["incoming"] = {{"normal", n.normal}, {"zero", n.zero}, {"bytes", n.bytes}};
+    const std::optional<ParkedVm> &parked = outcome_.parked;
+    if (parked && status_ == MigrationStatus::Completed) {
         json blocks = json::array();
-        for (const auto &b : run_->parked_->blocks) {
+        for (const auto &b : parked->blocks) {
             blocks.push_back({{"id", b.idstr}, {"size", b.size}});
         }
-        r["parked"] = {{"dir", run_->parked_->dir},
-                       {"machine-type", run_->parked_->machine_type},
+        r["parked"] = {{"dir", parked->dir},
+                       {"machine-type", parked->machine_type},
                        {"blocks", blocks},
-                       {"device-state-bytes", run_->parked_->device_state_bytes}};
+                       {"device-state-bytes", parked->device_state_bytes}};
     }
     return r;
 }

@@ -66,7 +66,7 @@ public:
     // query-migrate body.
     nlohmann::json query() const;
     // The run state the source sent in globalstate (after completion).
-    const std::string &runstate() const { return run_->runstate_; }
+    const std::string &runstate() const { return outcome_.runstate; }
     // migrate-pause in postcopy: the main channel is shut down and the
     // load pauses as for a broken link.
     void pause();
@@ -111,8 +111,15 @@ private:
     void maybe_start();
     void set_status(MigrationStatus s);
     void fail_setup(const Error &err);
+    // The loop's own channels go: the listener and the TLS handshakes (an
+    // attempt's channels close with it).
     void cleanup_channels();
+    // The attempt's threads are joined (or never started): its channels
+    // close, its counters go into outcome_, and it goes.
+    void end_attempt();
     void finish(std::optional<Error> err, std::string runstate);
+    // `run` is still the current attempt (it expires once end_attempt() drops it).
+    bool current(const std::weak_ptr<IncomingAttempt> &run) const;
 
     // Postcopy preempt (QEMU's postcopy_preempt_new_channel()): with
     // postcopy-preempt, the first connection after the main channel is
@@ -173,11 +180,24 @@ private:
     // Written by the loop at start() only (the attempt keeps a copy); read
     // by the handshake threads (tls_identify()).
     IncomingParams params_;
-    // The current (or last) attempt: a new migrate-incoming makes a new
-    // one once the previous one's threads are joined, so nothing per run
-    // is reset by hand. Loop thread only: the attempt's threads hold their
-    // own object (its `this`), never this pointer.
+    // The current attempt, from migrate-incoming until its threads are
+    // joined (end_attempt()); null before and after. A new migrate-incoming
+    // makes a new one, so nothing per run is reset by hand. Loop thread
+    // only: the attempt's threads hold their own object (its `this`),
+    // never this pointer.
     std::shared_ptr<IncomingAttempt> run_;
+    // What query-migrate, /metrics and the daemon's runstate read of the
+    // last attempt once it is gone (its counters while it runs come from
+    // run_). Loop thread only; reset by start().
+    struct Outcome {
+        std::string runstate = "inmigrate"; // the source's globalstate, once complete
+        std::string error_desc;
+        // The parked VM once complete: the load thread hands it over with
+        // post_end().
+        std::optional<ParkedVm> parked;
+        IncomingCounts counts;
+    };
+    Outcome outcome_;
     // Expires with this object: what post_to_loop() checks on the loop.
     std::shared_ptr<const bool> alive_ = std::make_shared<const bool>(true);
 };

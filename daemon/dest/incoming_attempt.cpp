@@ -1,11 +1,10 @@
-// IncomingAttempt's threads: the load thread (the main channel through the
-// loader, into the images; pausing in postcopy, see dest/postcopy.cpp), one
-// receive thread per multifd channel, and parking a VM's blocks as they come.
+// IncomingAttempt: the channels the loop hands it, and its load thread (the
+// main channel through the loader, into the images), which starts and joins
+// the receive threads (multifd_recv.cpp); its postcopy is in
+// postcopy_attempt.cpp, its parking in incoming_park.cpp.
 #include "daemon/dest/incoming_attempt.h"
 
-#include <cstring>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -13,109 +12,77 @@
 #include "daemon/dest/image_load_handler.h"
 #include "daemon/socket_io.h"
 #include "daemon/thread_name.h"
-#include "protocol/multifd_compress.h"
-#include "protocol/multifd_packet.h"
-#include "protocol/wire.h"
 
 namespace qmigd {
 
-Status IncomingAttempt::park_announce(const std::vector<RamBlockDesc> &descs)
+size_t IncomingAttempt::multifd_arrived() const
 {
-    std::vector<RAMBlock> made;
-    for (size_t i = 0; i < descs.size(); i++) {
-        RamBlockSpec spec;
-        spec.name = descs[i].idstr;
-        spec.path = parked_block_path(params_.park_dir, i, descs[i].idstr);
-        spec.size = descs[i].used_length;
-        spec.open = ImageOpen::Create;
-        // No vm.json here (park_dir_check): a file of that name is what a
-        // park that was killed left, never part of a parked VM.
-        if (::unlink(spec.path.c_str()) == 0) {
-            spdlog::info("incoming migration: removed {}, left by an unfinished park",
-                         spec.path);
-        }
-        auto b = ram_block_open(spec, false);
-        QMIGD_TRY(b);
-        b->image->scan_holes();
-        made.push_back(std::move(*b));
+    size_t have = 0;
+    for (const auto &ch : multifd_) {
+        have += ch ? 1 : 0;
     }
-    QMIGD_TRY(hand_over_blocks(std::move(made)));
-    spdlog::info("incoming migration: parking {} RAM blocks in {}", descs.size(),
-                 params_.park_dir);
-    if (params_.postcopy_ram) {
+    return have;
+}
+
+Status IncomingAttempt::add_multifd(size_t id, std::unique_ptr<Channel> &ch)
+{
+    if (multifd_[id]) {
+        return Error(fmt::format("multifd: received id '{}' already setup'", id));
+    }
+    multifd_[id] = Accepted{std::move(ch), {}};
+    return {};
+}
+
+bool IncomingAttempt::channels_complete() const
+{
+    return main_ && multifd_arrived() == multifd_.size();
+}
+
+void IncomingAttempt::start_load()
+{
+    // mapped-ram never sends MULTIFD_FLUSH: its multifd is the file readers.
+    bool channels = !multifd_.empty();
+    load_cfg_ = LoadvmConfig{};
+    load_cfg_.machine_type = params_.machine_type;
+    load_cfg_.blocks = ram_block_descs(blocks_);
+    load_cfg_.multifd = channels;
+    load_cfg_.mapped_ram = params_.mapped_ram;
+    load_cfg_.ignore_shared = params_.ignore_shared;
+    load_cfg_.uuid = params_.uuid;
+    load_cfg_.park = !params_.park_dir.empty();
+    load_cfg_.postcopy_ram = params_.postcopy_ram;
+    if (params_.postcopy_ram && !load_cfg_.park) {
         for (const auto &b : blocks_) {
             received_.push_back(std::make_unique<ReceivedBitmap>(b.image->pages()));
         }
     }
-    {
-        MutexLock lk(park_mu_);
-        park_descs_ = descs;
-        park_ready_ = true;
+    sync_ = channels ? std::make_unique<MultifdRecvSync>(multifd_.size()) : nullptr;
+    set_link_timeout(main_->ch->fd(), params_.link_timeout_ms);
+    for (const auto &ch : multifd_) {
+        set_link_timeout(ch->ch->fd(), params_.link_timeout_ms);
     }
-    park_cv_.notify_all();
-    return {};
+    load_thread_ = std::thread([this] {
+        set_thread_name("mig/dst/main");
+        load_thread_main();
+    });
 }
 
-// blocks_ is the daemon's list, which the loop reads (a /metrics scrape
-// lists its blocks): the loop appends the new ones, and the load thread
-// reads the list once it has (blocks_handed_ under park_mu_ orders the two).
-Status IncomingAttempt::hand_over_blocks(std::vector<RAMBlock> made)
+void IncomingAttempt::join_load()
 {
-    owner_.post_blocks(shared_from_this(), std::move(made));
-    MutexLock lk(park_mu_);
-    while (!blocks_handed_ && !park_abort_) {
-        lk.wait(park_cv_);
+    if (load_thread_.joinable()) {
+        load_thread_.join();
     }
-    if (!blocks_handed_) {
-        return Error("aborted while the parked blocks were handed to the loop");
-    }
-    return {};
 }
 
-void IncomingAttempt::blocks_arrived()
+void IncomingAttempt::quit()
 {
-    {
-        MutexLock lk(park_mu_);
-        blocks_handed_ = true;
+    if (child_) {
+        child_->kill_now(); // the daemon quits: so does the command, all of it
     }
-    park_cv_.notify_all();
-}
-
-const std::vector<RamBlockDesc> *IncomingAttempt::packet_blocks()
-{
-    if (!load_cfg_.park) {
-        return &load_cfg_.blocks;
+    if (load_thread_.joinable()) {
+        abort_with(Error("daemon shutting down"));
+        load_thread_.join();
     }
-    MutexLock lk(park_mu_);
-    while (!park_ready_ && !park_abort_) {
-        lk.wait(park_cv_);
-    }
-    return park_abort_ ? nullptr : &park_descs_;
-}
-
-Result<ParkedVm> IncomingAttempt::park_finish(LoadvmResult &result)
-{
-    ParkedVm vm;
-    vm.dir = params_.park_dir;
-    vm.machine_type = result.machine_type;
-    vm.uuid = result.uuid;
-    vm.ram_section_id = result.ram_section_id;
-    for (const auto &d : park_descs_) {
-        vm.blocks.push_back({d.idstr, d.used_length});
-    }
-    vm.device_state = std::move(result.device_state);
-    vm.iterable_state = std::move(result.iterable_state);
-    // Durable before the record names them: the record is the commit.
-    for (const auto &b : blocks_) {
-        QMIGD_TRY(b.image->sync());
-    }
-    QMIGD_TRY(parked_vm_write(vm));
-    spdlog::info("incoming migration: parked VM '{}' in {}: {} RAM blocks, {} bytes of device "
-                 "state",
-                 wire_text(vm.machine_type), vm.dir, vm.blocks.size(), vm.device_state.size());
-    vm.device_state_bytes = vm.device_state.size();
-    vm.device_state.clear(); // written; the loop keeps only the summary
-    return vm;
 }
 
 void IncomingAttempt::load_thread_main()
@@ -169,67 +136,6 @@ Status IncomingAttempt::open_return_path()
         return rp_->switchover_ack();
     }
     return {};
-}
-
-// The status follows the postcopy: active at the package's LISTEN, and
-// again once a recovery's first page came.
-void IncomingAttempt::watch_postcopy(ImageLoadHandler &handler)
-{
-    if (params_.postcopy_ram) {
-        handler.set_postcopy(&received_, [this] {
-            owner_.post_status(weak_from_this(), MigrationStatus::PostcopyRecover,
-                               MigrationStatus::PostcopyActive);
-        });
-    }
-    handler.set_on_listen([this] {
-        postcopy_listening_ = true;
-        spdlog::info("incoming migration: postcopy: the device state is in, the rest of RAM "
-                     "follows");
-        owner_.post_status(weak_from_this(), MigrationStatus::Active,
-                           MigrationStatus::PostcopyActive);
-    });
-}
-
-// In postcopy a failure pauses: the guest may run at the source's
-// destination... and here the stream goes on over a new channel.
-Result<LoadvmResult> IncomingAttempt::load_postcopy(LoadvmSession &session,
-                                                      ImageLoadHandler &handler,
-                                                      Result<LoadvmResult> result)
-{
-    std::unique_ptr<FdInputStream> rin;
-    std::unique_ptr<QEMUFileReader> rf;
-    for (;;) {
-        while (!result && session.in_postcopy()) {
-            bytes_.fetch_add(rf ? rf->pos() : 0, std::memory_order_relaxed);
-            (void)handler.flush(); // whole pages read so far count as received
-            auto ch = postcopy_pause_incoming(result.error());
-            if (!ch) {
-                result = ch.error();
-                break;
-            }
-            rin = std::make_unique<FdInputStream>((*ch)->fd(), std::vector<uint8_t>{}, nullptr);
-            rf = std::make_unique<QEMUFileReader>(*rin, 256 * 1024);
-            auto rp = ReturnPathOut::open((*ch)->fd(), nullptr, rp_writes_);
-            if (!rp) {
-                result = rp.error();
-                break;
-            }
-            rp_ = std::move(*rp);
-            result = session.resume(*rf);
-        }
-        // The preempt channel's pages are in once its reader ends: at the
-        // source's end marker when the stream ended well (a page may still
-        // be on its way behind the main channel's end), else at once. A
-        // migrate-pause meanwhile pauses: a page may be missing.
-        if (!end_preempt(bool(result)) || !result) {
-            break;
-        }
-        result = Error("paused by migrate-pause before the postcopy preempt channel's end marker");
-    }
-    if (rf) {
-        bytes_.fetch_add(rf->pos(), std::memory_order_relaxed);
-    }
-    return result;
 }
 
 // After the stream: the last pages flushed and, parking, the VM made

@@ -1,7 +1,8 @@
 // IncomingAttempt: one migrate-incoming's channels, threads, parking and counters; IncomingOwner.
 //
-// IncomingMigration makes a new one at each migrate-incoming, once the
-// previous attempt's threads are joined: nothing per run is reset by hand.
+// IncomingMigration makes a new one at each migrate-incoming (nothing per
+// run is reset by hand) and drops it once its threads are joined, keeping
+// only what query-migrate reads (counts()).
 #pragma once
 
 #include <atomic>
@@ -19,6 +20,7 @@
 #include "daemon/dest/return_path.h"
 #include "daemon/io/command_channel.h"
 #include "daemon/io/migration_socket.h"
+#include "daemon/io/unique_fd.h"
 #include "daemon/migration_status.h"
 #include "daemon/park/parked_vm.h"
 #include "daemon/ram_blocks.h"
@@ -31,7 +33,15 @@
 namespace qmigd {
 
 class ImageLoadHandler;
+class PendingConnection;
 struct IncomingAttempt;
+
+// What an attempt received: pages (normal, zero) and bytes.
+struct IncomingCounts {
+    uint64_t normal = 0;
+    uint64_t zero = 0;
+    uint64_t bytes = 0;
+};
 
 // What an attempt's threads ask of the loop (IncomingMigration), as the
 // source's MigrationThread asks MigrationOwner. Called from the attempt's
@@ -58,6 +68,7 @@ protected:
 };
 
 struct IncomingAttempt : std::enable_shared_from_this<IncomingAttempt> {
+public:
     // Loop thread: `params` are copied (the threads read them); `blocks`
     // is the daemon's list (see IncomingMigration::blocks_).
     IncomingAttempt(IncomingOwner &owner, const IncomingParams &params,
@@ -74,6 +85,63 @@ struct IncomingAttempt : std::enable_shared_from_this<IncomingAttempt> {
         std::vector<uint8_t> prefix;
     };
 
+    // Loop thread, before start_load(): the channels as they come.
+    // `slots`: how many multifd channels to wait for (0: none).
+    void expect_multifd(size_t slots) { multifd_.resize(slots); }
+    size_t multifd_expected() const { return multifd_.size(); }
+    size_t multifd_arrived() const;
+    // Refused when channel `id` is there already (`ch` stays the caller's).
+    Status add_multifd(size_t id, std::unique_ptr<Channel> &ch);
+    void set_main(Accepted main) { main_ = std::move(main); }
+    void set_child(std::shared_ptr<CommandChild> child) { child_ = std::move(child); }
+    void set_file_in(MappedRamFileIn in) { file_in_ = std::move(in); }
+    // Loop thread, any time: the main channel came (it stays until the
+    // attempt goes); its descriptor (the loop only asks what is queued).
+    bool has_main() const { return main_.has_value(); }
+    int main_fd() const { return main_->ch->fd(); }
+    // Loop thread: the main channel and every multifd channel came.
+    bool channels_complete() const;
+    // Loop thread, once: the load's configuration from the blocks and
+    // params, then the load thread, which starts the receive threads.
+    void start_load();
+    // Loop thread: joins the load thread (its post_end() came), or ends it
+    // first (the daemon quits: an exec: command is killed at once).
+    void join_load();
+    void quit();
+    // Loop thread: migrate_cancel came (the caller aborts the threads).
+    void request_cancel() { cancel_requested_ = true; }
+    bool cancel_requested() const { return cancel_requested_; }
+    // Loop thread, at accept while loading with postcopy-preempt: the
+    // first connection after the main channel is the preempt channel, and
+    // gets its reader thread (false: not taken, a stranger).
+    bool take_preempt(PendingConnection *c);
+    // Loop thread: migrate-recover's first connection, the paused load's
+    // new main channel (postcopy_pause_incoming() takes it).
+    void take_recovered(UniqueFd fd);
+    // Loop thread: migrate-pause (the main channel is shut down; a load
+    // thread waiting for the preempt channel's end marker stops waiting).
+    void pause();
+    // Loop thread: the owner appended the blocks post_blocks() gave it.
+    void blocks_arrived();
+    // Any thread: record the first error and wake every thread.
+    void abort_with(const Error &err);
+    // Loop thread: yank in precopy: every channel shut down, no error of
+    // its own (the load fails on its reads, as QEMU's does).
+    void yank();
+    // After the main stream (load thread, `drain`: the reader reads to the
+    // source's end marker first) or at the attempt's end (loop): wakes and
+    // joins the preempt reader; no preempt channel is taken after it.
+    // Returns true when a migrate-pause ended the drain before the end
+    // marker came.
+    bool end_preempt(bool drain = false);
+    // Any thread: what the threads received so far (query-migrate's
+    // "incoming"; the loop keeps the last values once they are joined).
+    IncomingCounts counts() const
+    {
+        return {normal_pages_.load(), zero_pages_.load(), bytes_.load()};
+    }
+
+private:
     // Load thread: load_thread_main() and its steps.
     void load_thread_main();
     Status open_return_path();
@@ -83,15 +151,10 @@ struct IncomingAttempt : std::enable_shared_from_this<IncomingAttempt> {
     std::optional<ParkedVm> end_stream(Result<LoadvmResult> &result, ImageLoadHandler &handler);
     void end_channels(const Result<LoadvmResult> &result, ImageLoadHandler &handler);
     void recv_thread_main(size_t id);
-    // The preempt channel's reader (taken by the loop's take_preempt()).
+    // The preempt channel's reader (taken by take_preempt()).
     void preempt_thread_main(Channel *ch);
     Status preempt_load(Channel *ch);
     void preempt_failed(const Error &err);
-    // After the main stream (load thread, `drain`: the reader reads to the
-    // source's end marker first) or at cleanup (loop): wakes and joins the
-    // preempt reader; no preempt channel is taken after it. Returns true
-    // when a migrate-pause ended the drain before the end marker came.
-    bool end_preempt(bool drain = false);
     // Postcopy recovery (QEMU's postcopy_pause_incoming()): the load thread
     // waits for the new main channel (migrate-recover's first connection,
     // taken by take_recovered() on the loop), or for the migration's end.
@@ -104,16 +167,12 @@ struct IncomingAttempt : std::enable_shared_from_this<IncomingAttempt> {
     // Load thread: the blocks park_announce() made go to the daemon's list
     // on the loop; returns once they are there (or the migration aborted).
     Status hand_over_blocks(std::vector<RAMBlock> made);
-    // Loop thread: the owner appended them (post_blocks()).
-    void blocks_arrived();
     // Receive threads: the block list to decode packets with (null once
     // the migration is aborted).
     const std::vector<RamBlockDesc> *packet_blocks();
     // Load thread, after the stream: writes device state and record;
     // returns the parked VM for the loop thread's query.
     Result<ParkedVm> park_finish(LoadvmResult &result);
-    // Any thread: record the first error and wake every thread.
-    void abort_with(const Error &err);
     // Any thread: the preempt and multifd channels shut down (their
     // readers' calls fail); the main channel is the caller's to end.
     void shutdown_side_channels();
@@ -122,21 +181,15 @@ struct IncomingAttempt : std::enable_shared_from_this<IncomingAttempt> {
     const IncomingParams params_; // set at construction, read-only
     std::vector<RAMBlock> &blocks_;
 
-    // Loop thread only: the attempt's outcome, for query-migrate.
-    std::string runstate_ = "inmigrate"; // the source's globalstate, once complete
-    std::string error_desc_;
+    // Loop thread only: migrate_cancel came (finish() reports `cancelled`).
     bool cancel_requested_ = false;
-    // The parked VM once complete (query): the load thread hands it over
-    // with finish().
-    std::optional<ParkedVm> parked_;
-    // Started by the loop (maybe_start()), joined by it (finish(), or the
-    // next start() / the destructor).
+    // Started by the loop (start_load()), joined by it (join_load() or quit()).
     std::thread load_thread_;
 
-    // Written by the loop before the load thread starts (start(), setup's
-    // channels, maybe_start()), read-only while the migration threads run
-    // (abort_with() reads them from any thread), reset by the loop once
-    // they are joined (cleanup_channels()).
+    // Written by the loop before the load thread starts (the setters,
+    // start_load()), read-only while the migration threads run
+    // (abort_with() reads them from any thread), closed with the attempt
+    // once they are joined.
 
     std::shared_ptr<CommandChild> child_; // exec: the command
     std::optional<Accepted> main_;
@@ -175,7 +228,8 @@ struct IncomingAttempt : std::enable_shared_from_this<IncomingAttempt> {
     std::vector<RamBlockDesc> park_descs_;
 
     // The preempt channel: taken on the loop, read by its thread, ended by
-    // the load thread (or cleanup); all three under preempt_mu_.
+    // the load thread (or the loop at the attempt's end); all three under
+    // preempt_mu_.
     Mutex preempt_mu_;
     std::condition_variable preempt_cv_; // preempt_done_ set
     std::unique_ptr<Channel> preempt_ GUARDED_BY(preempt_mu_);
@@ -190,16 +244,18 @@ struct IncomingAttempt : std::enable_shared_from_this<IncomingAttempt> {
     Mutex recover_mu_;
     std::condition_variable recover_cv_;
     // The main channel since the last recovery (main_'s, shut down, stays
-    // open until cleanup); `recover_new_`: the load thread has not taken it.
+    // open until the attempt goes); `recover_new_`: the load thread has not taken it.
     std::unique_ptr<Channel> recovered_ GUARDED_BY(recover_mu_);
     bool recover_new_ GUARDED_BY(recover_mu_) = false;
     bool recover_abort_ GUARDED_BY(recover_mu_) = false;
     // With postcopy-ram, one per block, made once the blocks are known and
-    // before pages come (maybe_start() on the loop, or park_announce() on
+    // before pages come (start_load() on the loop, or park_announce() on
     // the load thread before park_ready_), then read by the load and
     // preempt threads: what a recovery tells the source we have.
     std::vector<std::unique_ptr<ReceivedBitmap>> received_;
 
+    // Added to by the load, receive and preempt threads; counts() reads
+    // them from any thread.
     std::atomic<uint64_t> normal_pages_{0};
     std::atomic<uint64_t> zero_pages_{0};
     std::atomic<uint64_t> bytes_{0};

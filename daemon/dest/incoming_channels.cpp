@@ -138,7 +138,7 @@ void IncomingMigration::adopt(std::vector<uint8_t> prefix, std::unique_ptr<Chann
         return;
     }
     if (!params_.multifd || is_main_channel(prefix)) {
-        if (run_->main_) {
+        if (run_->has_main()) {
             ch.reset();
             fail_setup(Error(params_.multifd ? "Extra incoming migration connection: a second "
                                                "main channel"
@@ -147,7 +147,7 @@ void IncomingMigration::adopt(std::vector<uint8_t> prefix, std::unique_ptr<Chann
                                                "channel"));
             return;
         }
-        run_->main_ = IncomingAttempt::Accepted{std::move(ch), std::move(prefix)};
+        run_->set_main({std::move(ch), std::move(prefix)});
         maybe_start();
         watch_multifd();
         return;
@@ -168,16 +168,12 @@ Status IncomingMigration::accept_multifd(const std::vector<uint8_t> &prefix,
     }
     auto id = multifd_init_decode(prefix.data(), params_.uuid, params_.channels);
     QMIGD_TRY(id);
-    if (run_->multifd_[*id]) {
-        return Error(fmt::format("multifd: received id '{}' already setup'", *id));
-    }
-    run_->multifd_[*id] = IncomingAttempt::Accepted{std::move(ch), {}};
-    return {};
+    return run_->add_multifd(*id, ch);
 }
 
 void IncomingMigration::watch_multifd()
 {
-    if (!params_.multifd || !run_->main_ || loading() || status_ != MigrationStatus::Setup ||
+    if (!params_.multifd || !run_->has_main() || loading() || status_ != MigrationStatus::Setup ||
         multifd_wait_) {
         return;
     }
@@ -201,16 +197,13 @@ void IncomingMigration::stop_multifd_watch()
 // Loop thread, every 50 ms while the multifd channels are missing.
 void IncomingMigration::check_multifd_missing()
 {
-    if (!run_->main_ || loading() || status_ != MigrationStatus::Setup) {
+    if (status_ != MigrationStatus::Setup || !run_->has_main()) {
         stop_multifd_watch();
         return;
     }
-    size_t have = 0;
-    for (const auto &ch : run_->multifd_) {
-        have += ch ? 1 : 0;
-    }
+    size_t have = run_->multifd_arrived();
     int queued = 0;
-    if (have == 0 && ::ioctl(run_->main_->ch->fd(), FIONREAD, &queued) == 0 && queued > kMainPagesQueued) {
+    if (have == 0 && ::ioctl(run_->main_fd(), FIONREAD, &queued) == 0 && queued > kMainPagesQueued) {
         fail_setup(Error(fmt::format(
             "the main channel carries RAM pages ({} bytes queued) and no multifd channel came: "
             "the source has the multifd capability off, this destination has it on: turn it "
@@ -228,7 +221,7 @@ void IncomingMigration::check_multifd_missing()
             "{} of {} multifd channels arrived within {:.3g} s of the main channel: the source "
             "has the multifd capability off? This destination has it on: turn it on at both "
             "ends or neither",
-            have, run_->multifd_.size(), double(wait_ms) / 1000)));
+            have, run_->multifd_expected(), double(wait_ms) / 1000)));
     }
 }
 
@@ -396,22 +389,23 @@ Status IncomingMigration::open_mapped_ram(const MigrationAddress &addr, int fd)
     if (fstat(fd, &st) < 0) {
         return Error(fmt::format("Could not stat '{}': {}", addr.filename, std::strerror(errno)));
     }
-    run_->file_in_.fd = fd;
-    run_->file_in_.file_size = uint64_t(st.st_size);
-    run_->file_in_.threads = params_.multifd ? std::max(params_.channels, 1u) : 1;
+    MappedRamFileIn in;
+    in.fd = fd;
+    in.file_size = uint64_t(st.st_size);
+    in.threads = params_.multifd ? std::max(params_.channels, 1u) : 1;
     if (params_.direct_io) {
-        auto fds = open_file_channels(addr, false, run_->file_in_.threads, true);
+        auto fds = open_file_channels(addr, false, in.threads, true);
         QMIGD_TRY(fds);
         for (UniqueFd &d : *fds) {
-            run_->file_in_.direct_fds.push_back(std::move(d));
+            in.direct_fds.push_back(std::move(d));
         }
     }
+    run_->set_file_in(std::move(in));
     return {};
 }
 
 void IncomingMigration::cleanup_channels()
 {
-    run_->end_preempt();
     stop_multifd_watch();
     if (listener_) {
         listener_->close();
@@ -420,19 +414,6 @@ void IncomingMigration::cleanup_channels()
     generation_++;
     if (handshakes_) {
         handshakes_->close_all(); // their results still come: tls_ready() closes them
-    }
-    // An exec: command gets EOF or EPIPE from the close below and ends;
-    // it is reaped on the loop whenever it does.
-    run_->child_.reset();
-    run_->main_.reset();
-    {
-        MutexLock lk(run_->recover_mu_);
-        run_->recovered_.reset();
-        run_->recover_new_ = false;
-    }
-    run_->file_in_ = MappedRamFileIn{};
-    for (auto &ch : run_->multifd_) {
-        ch.reset();
     }
 }
 

@@ -1,5 +1,6 @@
 // yank on a destination: every channel of the incoming migration shut down.
 #include "daemon/dest/incoming.h"
+#include "daemon/dest/incoming_attempt.h"
 
 #include <spdlog/spdlog.h>
 
@@ -20,11 +21,16 @@ void IncomingMigration::yank()
     if (!loading()) {
         return;
     }
-    if (run_->main_) {
-        MutexLock lk(run_->recover_mu_);
-        run_->current_main()->shutdown();
+    run_->yank();
+}
+
+void IncomingAttempt::yank()
+{
+    if (main_) {
+        MutexLock lk(recover_mu_);
+        current_main()->shutdown();
     }
-    run_->shutdown_side_channels();
+    shutdown_side_channels();
 }
 
 } // namespace qmigd

@@ -1,217 +1,22 @@
-// The destination's postcopy beyond the main stream (QEMU's
-// postcopy_preempt_thread(), postcopy_pause_incoming() and
-// migrate-recover): the preempt channel, and a load that pauses on a
-// broken channel and goes on over the channel migrate-recover accepts.
+// The destination's postcopy, the loop's side: the preempt channel taken
+// at accept, migrate-recover's listener and new main channel, migrate-pause
+// (the attempt's threads: postcopy_attempt.cpp).
 #include "daemon/dest/incoming.h"
-
-#include <poll.h>
-#include <unistd.h>
-
-#include <cerrno>
 
 #include <spdlog/spdlog.h>
 
-#include "daemon/dest/image_load_handler.h"
-#include "daemon/socket_io.h"
-#include "daemon/thread_name.h"
+#include "daemon/io/migration_socket.h"
 
 namespace qmigd {
 
 bool IncomingMigration::take_preempt(PendingConnection *c)
 {
-    if (!params_.postcopy_preempt || !run_->main_ || !loading()) {
-        return false;
-    }
-    MutexLock lk(run_->preempt_mu_);
-    if (run_->preempt_ended_ || run_->preempt_) {
-        return false; // a stranger, as any other connection
-    }
-    auto fd = c->take_socket();
-    if (!fd) {
-        return true;
-    }
-    set_link_timeout(fd->get(), params_.link_timeout_ms);
-    run_->preempt_ = std::make_unique<Channel>(std::move(*fd));
-    run_->preempt_done_ = run_->preempt_used_ = false;
-    run_->preempt_thread_ = std::thread([run = run_.get(), ch = run_->preempt_.get()] {
-        set_thread_name("mig/dst/preempt");
-        run->preempt_thread_main(ch);
-    });
-    spdlog::info("incoming migration: postcopy preempt channel connected");
-    return true;
-}
-
-// QEMU's postcopy_preempt_thread(): the pages a source sends ahead of
-// the main channel, into the same images (a page goes on one channel
-// only, so the two never write the same one) and into the received
-// bitmaps (a recovery tells the source about them too), until the source's
-// end marker (QEMU's postcopy_preempt_shutdown_file()).
-void IncomingAttempt::preempt_thread_main(Channel *ch)
-{
-    Status st = preempt_load(ch);
-    if (!st) {
-        preempt_failed(st.error());
-    }
-    {
-        MutexLock lk(preempt_mu_);
-        preempt_done_ = true;
-    }
-    preempt_cv_.notify_all(); // Pairs with the wait in end_preempt()
-}
-
-Status IncomingAttempt::preempt_load(Channel *ch)
-{
-    const std::vector<RamBlockDesc> *descs = packet_blocks();
-    if (!descs) {
-        return {}; // aborted before the blocks were known
-    }
-    LoadvmConfig cfg;
-    cfg.blocks = *descs;
-    // The first byte is waited for without taking it off the socket:
-    // end_preempt() drains a channel the source sent on, known by
-    // preempt_used_ or by bytes still queued, so the flag is set while the
-    // bytes are still there (a read first left a moment where neither was
-    // true, and the main stream's end then cut a page off).
-    struct pollfd pfd = {ch->fd(), POLLIN, 0};
-    while (poll(&pfd, 1, -1) < 0 && errno == EINTR) {
-    }
-    if (bytes_queued(ch->fd()) > 0) {
-        MutexLock lk(preempt_mu_);
-        preempt_used_ = true; // the source sends on it: end_preempt() drains it
-    }
-    FdInputStream in(ch->fd(), {}, nullptr);
-    QEMUFileReader f(in, 64 * 1024);
-    std::unique_ptr<ReturnPathOut> no_rp;
-    ImageLoadHandler handler(
-        blocks_, nullptr, nullptr, {},
-        [] { return Status(Error("OPEN_RETURN_PATH on the preempt channel")); }, no_rp);
-    if (params_.postcopy_ram) {
-        handler.set_postcopy(&received_, {});
-    }
-    auto r = qemu_load_preempt_channel(f, cfg, handler);
-    Status st = handler.flush(); // whole pages read before an error count too
-    bytes_.fetch_add(f.pos(), std::memory_order_relaxed);
-    if (r) {
-        normal_pages_.fetch_add(r->normal_pages);
-        zero_pages_.fetch_add(r->zero_pages);
-        spdlog::info("incoming migration: postcopy preempt channel: the source's end marker");
-    }
-    return r ? st : r.status();
-}
-
-// An error on the preempt channel. QEMU's preempt thread pauses on any;
-// here the whole load pauses (its main channel shut down, as by
-// migrate-pause), so that both sides recover together over new channels,
-// whoever broke it (a cut link, or a stranger that took the preempt slot
-// while a recovery waited for the source's). A channel this side ended is
-// expected to break; before the package's LISTEN there is nothing to
-// pause, and once the main stream ended (end_preempt()'s drain) a page
-// may be lost: those fail the load.
-void IncomingAttempt::preempt_failed(const Error &err)
-{
-    Error why = Error(err).prepend("postcopy preempt channel: ");
-    bool ended, fail;
-    {
-        MutexLock lk(preempt_mu_);
-        ended = preempt_ended_;
-        fail = !postcopy_listening_ || preempt_draining_;
-    }
-    if (ended) {
-        spdlog::debug("incoming migration: {} (ended here)", why.message());
-        return;
-    }
-    if (fail) {
-        abort_with(why); // takes preempt_mu_
-        return;
-    }
-    spdlog::error("incoming migration: {}: pausing the postcopy", why.message());
-    owner_.post_pause(weak_from_this());
-}
-
-// `drain` (the load thread, once the main stream ended well): a channel
-// the source sends on is read to its end marker first (an EOS record:
-// QEMU's postcopy_preempt_shutdown_file(), which a qmigd source sends and
-// a QEMU 10 source only with x-preempt-pre-7-2), so that no page still on
-// a slow link is lost; a source that sends none is waited for up to the
-// link timeout. A channel that carried nothing is shut at once, as QEMU 10
-// does: a QEMU 10 or qmigd source sends only the pages a destination asks
-// for on it, and a qmigd destination asks for none. abort_with() ends the
-// wait at any time (it shuts the channel down), and so does migrate-pause
-// (pause()): then the load pauses, as it would on the main channel.
-bool IncomingAttempt::end_preempt(bool drain)
-{
-    std::thread t;
-    bool paused = false;
-    {
-        MutexLock lk(preempt_mu_);
-        if (drain && preempt_thread_.joinable() &&
-            (preempt_used_ || bytes_queued(preempt_->fd()) > 0)) {
-            preempt_draining_ = true;
-            auto until = std::chrono::steady_clock::now() +
-                         std::chrono::milliseconds(params_.link_timeout_ms);
-            while (!preempt_done_ && !pause_requested_) {
-                if (!params_.link_timeout_ms) {
-                    lk.wait(preempt_cv_);
-                } else if (!lk.wait_until(preempt_cv_, until)) {
-                    break;
-                }
-            }
-            paused = !preempt_done_ && pause_requested_;
-            if (paused) {
-                spdlog::info("incoming migration: paused while waiting for the postcopy preempt "
-                             "channel's end marker");
-            } else if (!preempt_done_) {
-                spdlog::warn("incoming migration: no end marker on the postcopy preempt "
-                             "channel within {} ms: shut down",
-                             params_.link_timeout_ms);
-            }
-        }
-        preempt_ended_ = true;
-        if (preempt_) {
-            preempt_->shutdown();
-        }
-        t = std::move(preempt_thread_);
-    }
-    if (t.joinable()) {
-        t.join();
-    }
-    MutexLock lk(preempt_mu_);
-    preempt_.reset(); // its reader is joined
-    return paused;
-}
-
-// postcopy_pause_incoming(): the broken channel and its return path go;
-// the pages read so far are in the images and in received_.
-Result<Channel *> IncomingAttempt::postcopy_pause_incoming(const Error &why)
-{
-    spdlog::error("incoming migration: Detected IO failure for postcopy. Migration paused: {}",
-                  why.message());
-    rp_.reset();
-    end_preempt();
-    {
-        MutexLock lk(preempt_mu_);
-        preempt_ended_ = false; // the resumed source connects it again
-        preempt_draining_ = false;
-        pause_requested_ = false; // this is the pause
-    }
-    owner_.post_status(weak_from_this(), MigrationStatus::PostcopyActive,
-                       MigrationStatus::PostcopyPaused);
-    owner_.post_status(weak_from_this(), MigrationStatus::PostcopyRecover,
-                       MigrationStatus::PostcopyPaused);
-    MutexLock lk(recover_mu_);
-    while (!recover_new_ && !recover_abort_) {
-        lk.wait(recover_cv_);
-    }
-    if (recover_abort_) {
-        return Error(why).prepend("postcopy given up while paused: ");
-    }
-    recover_new_ = false;
-    return recovered_.get();
+    return params_.postcopy_preempt && loading() && run_->take_preempt(c);
 }
 
 bool IncomingMigration::take_recovered(PendingConnection *c)
 {
-    if (status_ != MigrationStatus::PostcopyPaused || !run_->main_) {
+    if (status_ != MigrationStatus::PostcopyPaused || !run_->has_main()) {
         return false;
     }
     auto fd = c->take_socket();
@@ -221,15 +26,7 @@ bool IncomingMigration::take_recovered(PendingConnection *c)
     set_link_timeout(fd->get(), params_.link_timeout_ms);
     set_status(MigrationStatus::PostcopyRecover);
     spdlog::info("incoming migration: postcopy recovery: new main channel connected");
-    {
-        // The previous recovery's channel goes (the load thread dropped
-        // it when it paused); main_'s stays open, shut, until cleanup.
-        MutexLock lk(run_->recover_mu_);
-        run_->current_main()->shutdown();
-        run_->recovered_ = std::make_unique<Channel>(std::move(*fd));
-        run_->recover_new_ = true;
-    }
-    run_->recover_cv_.notify_all();
+    run_->take_recovered(std::move(*fd));
     return true;
 }
 
@@ -268,22 +65,7 @@ Status IncomingMigration::recover(const MigrationAddress &addr)
 void IncomingMigration::pause()
 {
     spdlog::info("incoming migration: postcopy paused by migrate-pause");
-    {
-        // The load thread may be past the main stream, waiting for the
-        // preempt channel's end marker (run_->end_preempt()): that wait ends too.
-        MutexLock lk(run_->preempt_mu_);
-        run_->pause_requested_ = true;
-    }
-    run_->preempt_cv_.notify_all();
-    if (run_->main_) {
-        MutexLock lk(run_->recover_mu_);
-        run_->current_main()->shutdown();
-    }
-}
-
-Channel *IncomingAttempt::current_main()
-{
-    return recovered_ ? recovered_.get() : main_->ch.get();
+    run_->pause();
 }
 
 } // namespace qmigd

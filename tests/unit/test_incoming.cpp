@@ -4,12 +4,15 @@
 // socketpair; the other end is the fd: channel of migrate-incoming. The
 // test thread runs the libuv loop (the destination's loop thread) until
 // the migration ends: completed, cancelled while loading, failed on a bad
-// section at the start or in the middle of RAM.
+// section at the start or in the middle of RAM; a postcopy load paused and
+// recovered over migrate-recover's channel, cancelled or quit while paused.
 #include <catch2/catch.hpp>
 
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -23,7 +26,7 @@ using namespace qmigd;
 
 namespace {
 
-constexpr uint64_t kDestBlock = 16 * TARGET_PAGE_SIZE;
+constexpr uint64_t kDestBlock = kPostcopyBlock; // postcopy_head()'s too
 
 // A libuv loop run by the test thread; a tick wakes it so that a wait
 // can end on its deadline.
@@ -70,7 +73,7 @@ struct Dest {
     int source = -1;
     std::unique_ptr<IncomingMigration> incoming;
 
-    Dest()
+    explicit Dest(const IncomingParams &params = {})
     {
         RamBlockSpec spec;
         spec.name = "mem";
@@ -89,7 +92,7 @@ struct Dest {
         incoming->set_fd_source([fd = sv[0]](const std::string &) { return Result<int>(fd); });
         auto addr = parse_migration_uri("fd:mig");
         REQUIRE(addr.ok());
-        REQUIRE(incoming->start(*addr, IncomingParams{}).ok());
+        REQUIRE(incoming->start(*addr, params).ok());
     }
     ~Dest()
     {
@@ -111,6 +114,11 @@ struct Dest {
     {
         REQUIRE(loop.run_until([this] { return ended(); }));
         return incoming->status();
+    }
+    void wait_status(MigrationStatus s)
+    {
+        INFO("waiting for " << migration_status_name(s));
+        REQUIRE(loop.run_until([&] { return incoming->status() == s; }));
     }
     std::string error_desc() const { return incoming->query().value("error-desc", ""); }
     uint8_t page_byte(uint64_t offset) const
@@ -145,6 +153,51 @@ void put_pages(ByteWriter &w, uint8_t fill, const char *block = "mem")
     rec.put_zero_page(w, mem, 2 * TARGET_PAGE_SIZE);
     ram_put_flag(w, RAM_SAVE_FLAG_EOS);
     savevm_put_footer(w, 1);
+}
+
+IncomingParams postcopy_params()
+{
+    IncomingParams p;
+    p.postcopy_ram = true;
+    return p;
+}
+
+// migrate-recover on a unix socket of this test's own (removed with it).
+struct RecoverSocket {
+    std::string path = "/tmp/qmigd-unit-recover-" + std::to_string(::getpid()) + ".sock";
+    RecoverSocket() { ::unlink(path.c_str()); }
+    ~RecoverSocket() { ::unlink(path.c_str()); }
+    MigrationAddress address() const
+    {
+        auto addr = parse_migration_uri("unix:" + path);
+        REQUIRE(addr.ok());
+        return *addr;
+    }
+    // The resumed source's new main channel (the caller closes it).
+    int connect() const
+    {
+        int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        REQUIRE(fd >= 0);
+        sockaddr_un sa{};
+        sa.sun_family = AF_UNIX;
+        std::strncpy(sa.sun_path, path.c_str(), sizeof(sa.sun_path) - 1);
+        REQUIRE(::connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof(sa)) == 0);
+        return fd;
+    }
+};
+
+// A postcopy load paused: the package read (postcopy-active), then the
+// main channel broken by the source's side (`cut`) or by migrate-pause.
+void pause_postcopy(Dest &d, bool cut)
+{
+    d.send(postcopy_head());
+    d.wait_status(MigrationStatus::PostcopyActive);
+    if (cut) {
+        REQUIRE(::shutdown(d.source, SHUT_WR) == 0);
+    } else {
+        d.incoming->pause();
+    }
+    d.wait_status(MigrationStatus::PostcopyPaused);
 }
 
 } // namespace
@@ -200,4 +253,61 @@ TEST_CASE("destination in-process: a bad section fails the load", "[dest]")
         CHECK(d.wait_end() == MigrationStatus::Failed);
         CHECK_FALSE(d.error_desc().empty());
     }
+}
+
+TEST_CASE("destination in-process: a paused postcopy load goes on over migrate-recover's channel",
+          "[dest][postcopy]")
+{
+    Dest d(postcopy_params());
+    RecoverSocket sock;
+    bool by_pause = GENERATE(false, true);
+    INFO((by_pause ? "paused by migrate-pause" : "the source's side cut"));
+    pause_postcopy(d, !by_pause);
+    REQUIRE(d.incoming->recover(sock.address()).ok());
+    int fd = sock.connect();
+    auto tail = postcopy_tail(true);
+    REQUIRE(::write(fd, tail.data(), tail.size()) == ssize_t(tail.size()));
+    CHECK(d.wait_end() == MigrationStatus::Completed);
+    ::close(fd);
+    CHECK(d.page_byte(1 * TARGET_PAGE_SIZE) == 0x22);
+    CHECK(d.page_byte(2 * TARGET_PAGE_SIZE) == 0);
+    CHECK(d.incoming->runstate() == "running");
+    CHECK(d.incoming->query()["incoming"]["normal"] == 2);
+    std::vector<MigrationStatus> after_pause(
+        std::find(d.seen.begin(), d.seen.end(), MigrationStatus::PostcopyPaused), d.seen.end());
+    CHECK(after_pause ==
+          std::vector<MigrationStatus>{MigrationStatus::PostcopyPaused,
+                                       MigrationStatus::PostcopyRecover,
+                                       MigrationStatus::PostcopyActive,
+                                       MigrationStatus::Completed});
+}
+
+TEST_CASE("destination in-process: cancel while postcopy is paused", "[dest][postcopy]")
+{
+    Dest d(postcopy_params());
+    pause_postcopy(d, true);
+    SECTION("waiting for migrate-recover") {}
+    SECTION("listening for the new main channel")
+    {
+        RecoverSocket sock;
+        REQUIRE(d.incoming->recover(sock.address()).ok());
+    }
+    d.incoming->cancel();
+    CHECK(d.wait_end() == MigrationStatus::Cancelled);
+    CHECK(d.incoming->query()["status"] == "cancelled");
+}
+
+TEST_CASE("destination in-process: quit while postcopy is paused", "[dest][postcopy]")
+{
+    Dest d(postcopy_params());
+    RecoverSocket sock;
+    bool listening = GENERATE(false, true);
+    pause_postcopy(d, true);
+    if (listening) {
+        REQUIRE(d.incoming->recover(sock.address()).ok());
+    }
+    // The destructor ends the paused load thread and joins it; what the
+    // threads posted meanwhile runs on the loop after it and finds it gone.
+    d.incoming.reset();
+    CHECK(d.loop.run_until([] { return false; }, 50) == false);
 }

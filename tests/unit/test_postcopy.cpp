@@ -78,49 +78,11 @@ void put_page(ByteWriter &w, RamRecordEncoder &rec, uint64_t page, uint8_t fill)
     w.bytes(bytes.data(), bytes.size());
 }
 
-std::vector<uint8_t> package()
+std::vector<uint8_t> postcopy_stream(const std::vector<uint8_t> &pkg = postcopy_package())
 {
-    std::vector<uint8_t> pkg;
-    ByteWriter p(pkg);
-    savevm_put_command(p, MIG_CMD_POSTCOPY_LISTEN);
-    savevm_put_timer(p, 0);
-    savevm_put_globalstate(p, 3, "running");
-    savevm_put_ping(p, POSTCOPY_PING_PACKAGED);
-    savevm_put_command(p, MIG_CMD_POSTCOPY_RUN);
-    return pkg;
-}
-
-// What a source sends: page 1 = 0x11 in precopy, discarded, then 0x22 in
-// postcopy with page 2 zero; the package in between.
-std::vector<uint8_t> postcopy_stream(const std::vector<uint8_t> &pkg = package())
-{
-    std::vector<uint8_t> out;
-    ByteWriter w(out);
-    RamRecordEncoder rec;
-    savevm_put_header(w);
-    savevm_put_configuration(w, "none");
-    savevm_put_command(w, MIG_CMD_OPEN_RETURN_PATH);
-    savevm_put_ping(w, RP_PING_OPEN);
-    savevm_put_postcopy_advise(w, TARGET_PAGE_SIZE);
-    savevm_put_section_header(w, QEMU_VM_SECTION_START, 1, "ram", 0, 4);
-    ram_put_mem_size(w, std::span(&kMem, 1));
-    put_page(w, rec, 1, 0x11);
-    ram_put_flag(w, RAM_SAVE_FLAG_EOS);
-    savevm_put_footer(w, 1);
-    savevm_put_command(w, MIG_CMD_SWITCHOVER_START);
-    savevm_put_postcopy_ram_discard(w, "mem", {{TARGET_PAGE_SIZE, 2 * TARGET_PAGE_SIZE}});
-    savevm_put_ping(w, POSTCOPY_PING_DISCARDED);
-    savevm_put_packaged(w, pkg);
-    savevm_put_ping(w, POSTCOPY_PING_RUNNING);
-    savevm_put_section_continue(w, QEMU_VM_SECTION_PART, 1);
-    put_page(w, rec, 1, 0x22);
-    rec.put_zero_page(w, kMem, 2 * TARGET_PAGE_SIZE);
-    ram_put_flag(w, RAM_SAVE_FLAG_EOS);
-    savevm_put_footer(w, 1);
-    savevm_put_section_continue(w, QEMU_VM_SECTION_END, 1);
-    ram_put_flag(w, RAM_SAVE_FLAG_EOS);
-    savevm_put_footer(w, 1);
-    w.u8(QEMU_VM_EOF); // no VM description in postcopy
+    auto out = postcopy_head(pkg);
+    auto tail = postcopy_tail();
+    out.insert(out.end(), tail.begin(), tail.end());
     return out;
 }
 
@@ -255,7 +217,7 @@ TEST_CASE("parking keeps a postcopy package's device sections", "[postcopy][park
     CHECK(ram.pongs == std::vector<uint32_t>{1, 2, 3, 4});
     auto info = device_state_check(r->device_state);
     REQUIRE(info.ok());
-    auto pkg = package();
+    auto pkg = postcopy_package();
     std::vector<uint8_t> sections(pkg.begin() + 5, pkg.end() - 5 - 9);
     REQUIRE(info->sections_bytes == sections.size());
     CHECK(std::equal(sections.begin(), sections.end(), r->device_state.begin()));
@@ -344,7 +306,7 @@ TEST_CASE("postcopy commands out of place or malformed fail in QEMU's words", "[
 
 TEST_CASE("packages that are too big, cut, nested or never RUN are refused", "[postcopy]")
 {
-    auto pkg = package();
+    auto pkg = postcopy_package();
     {
         auto s = postcopy_stream();
         size_t at = find(s, {QEMU_VM_COMMAND, 0, MIG_CMD_PACKAGED, 0, 4});
@@ -569,14 +531,8 @@ TEST_CASE("a resumed stream: RECV_BITMAP and POSTCOPY_RESUME, in QEMU's words", 
         }
     };
     // The stream up to the package, cut there: the loader is in postcopy.
-    auto whole = postcopy_stream();
-    size_t cut = find(whole, {QEMU_VM_COMMAND, 0, MIG_CMD_PING, 0, 4, 0, 0, 0, POSTCOPY_PING_RUNNING});
-    std::vector<uint8_t> first(whole.begin(), whole.begin() + long(cut));
-    std::vector<uint8_t> rest;
-    ByteWriter w(rest);
-    savevm_put_recv_bitmap(w, "mem");
-    savevm_put_command(w, MIG_CMD_POSTCOPY_RESUME);
-    rest.insert(rest.end(), whole.begin() + long(cut), whole.end());
+    auto first = postcopy_head();
+    auto rest = postcopy_tail(true);
 
     Recovering ram;
     LoadvmSession session(postcopy_config(), ram);
