@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "daemon/channel.h"
 #include "daemon/tls/tls_session.h"
 
 namespace qmigd {
@@ -47,7 +48,7 @@ ssize_t FdInputStream::read_some(void *dst, size_t n, std::string *err)
         prefix_pos_ += k;
         return ssize_t(k);
     }
-    auto r = channel_read(fd_, tls_, dst, n);
+    auto r = ch_.read_some(dst, n);
     if (!r) {
         *err = "main channel: " + r.error().message();
         return -1;
@@ -133,7 +134,7 @@ Result<int> ChannelReader::read(void *dst, size_t n)
             QMIGD_TRY(readv(iov, count)); // large: no point in buffering
             return 1;
         }
-        auto got = channel_read(fd_, tls_, buf_.get(), cap_);
+        auto got = ch_.read_some(buf_.get(), cap_);
         QMIGD_TRY(got);
         size_t r = *got;
         if (r == 0) {
@@ -153,7 +154,7 @@ Result<int> ChannelReader::read(void *dst, size_t n)
 Status ChannelReader::readv(struct iovec *iov, int count)
 {
     drain(iov, count);
-    return channel_readv(fd_, tls_, iov, count);
+    return ch_.readv(iov, count);
 }
 
 Status channel_writev(int fd, TlsSession *tls, struct iovec *iov, int count)
@@ -189,7 +190,7 @@ Status write_full(int fd, const void *buf, size_t n)
 
 bool FdInputStream::seek(uint64_t pos, std::string *err)
 {
-    if (::lseek(fd_, off_t(pos), SEEK_SET) < 0) {
+    if (::lseek(ch_.fd(), off_t(pos), SEEK_SET) < 0) {
         *err = fmt::format("Unable to seek to offset {} whence {} in file: {}", pos, SEEK_SET,
                            std::strerror(errno));
         return false;

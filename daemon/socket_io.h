@@ -21,16 +21,18 @@
 
 namespace qmigd {
 
+class Channel;
 class TlsSession;
 
-// Reads the main channel from a blocking fd; `prefix` holds bytes already
-// taken off the socket during classification, delivered first. Errors name
-// the main channel.
+// Reads the main channel (blocking); `prefix` holds bytes already taken
+// off the socket during classification, delivered first. Errors name the
+// main channel.
 class FdInputStream : public InputStream {
 public:
-    // `tls`: the channel's TLS session (may be null), used by this thread.
-    FdInputStream(int fd, std::vector<uint8_t> prefix, TlsSession *tls = nullptr)
-        : fd_(fd), prefix_(std::move(prefix)), tls_(tls)
+    // `ch` is borrowed: its owner keeps it until this stream goes; this
+    // thread is its reader (and its TLS session's).
+    FdInputStream(Channel &ch, std::vector<uint8_t> prefix)
+        : ch_(ch), prefix_(std::move(prefix))
     {
     }
     ssize_t read_some(void *dst, size_t n, std::string *err) override;
@@ -38,10 +40,9 @@ public:
     bool seek(uint64_t pos, std::string *err) override;
 
 private:
-    int fd_; // borrowed: the channel's owner keeps it open
+    Channel &ch_;
     std::vector<uint8_t> prefix_;
     size_t prefix_pos_ = 0;
-    TlsSession *tls_;
 };
 
 // A multifd channel's receive side: small reads (packet headers) come out
@@ -53,8 +54,9 @@ private:
 // 256 KiB that copy was 7% of a receiver's CPU). One thread only.
 class ChannelReader {
 public:
-    explicit ChannelReader(int fd, TlsSession *tls = nullptr, size_t capacity = 16 * 1024)
-        : fd_(fd), tls_(tls), buf_(new uint8_t[capacity]), cap_(capacity)
+    // `ch` is borrowed: its owner keeps it until this reader goes.
+    explicit ChannelReader(Channel &ch, size_t capacity = 16 * 1024)
+        : ch_(ch), buf_(new uint8_t[capacity]), cap_(capacity)
     {
     }
     // Exactly n bytes. Returns 1, 0 on EOF before the first byte, or an
@@ -67,8 +69,7 @@ private:
     // Moves buffered bytes into the iovecs; returns how many were used up.
     void drain(struct iovec *&iov, int &count);
 
-    int fd_;          // borrowed, as tls_
-    TlsSession *tls_;
+    Channel &ch_;
     std::unique_ptr<uint8_t[]> buf_;
     size_t cap_;
     size_t head_ = 0, tail_ = 0; // buffered bytes are buf_[head_, tail_)

@@ -93,7 +93,7 @@ void IncomingAttempt::load_thread_main()
             recv_thread_main(i);
         });
     }
-    FdInputStream in(main_->ch->fd(), main_->prefix, main_->ch->tls());
+    FdInputStream in(*main_->ch, main_->prefix);
     QEMUFileReader f(in, 256 * 1024);
     ImageLoadHandler::Announce announce;
     if (load_cfg_.park) {
@@ -125,7 +125,7 @@ void IncomingAttempt::load_thread_main()
 // The stream's OPEN_RETURN_PATH.
 Status IncomingAttempt::open_return_path()
 {
-    auto rp = ReturnPathOut::open(main_->ch->fd(), main_->ch->tls(), rp_writes_);
+    auto rp = ReturnPathOut::open(*main_->ch, rp_writes_);
     QMIGD_TRY(rp);
     rp_ = std::move(*rp);
     rp_open_ = true; // abort_with() leaves its write side open from now on

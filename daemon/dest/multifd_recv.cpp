@@ -115,7 +115,7 @@ static Status receive_packet(ChannelReader &in, RamImage &img, const MultiFDPack
 
 void IncomingAttempt::recv_thread_main(size_t id)
 {
-    ChannelReader in(multifd_[id]->ch->fd(), multifd_[id]->ch->tls());
+    ChannelReader in(*multifd_[id]->ch);
     uint8_t header[MULTIFD_PACKET_HEADER_SIZE];
     RecvChannelState ch;
     const MultiFDMethod &method = multifd_method(params_.compression);

@@ -54,9 +54,9 @@ Result<LoadvmResult> IncomingAttempt::load_postcopy(LoadvmSession &session,
                 result = ch.error();
                 break;
             }
-            rin = std::make_unique<FdInputStream>((*ch)->fd(), std::vector<uint8_t>{}, nullptr);
+            rin = std::make_unique<FdInputStream>(**ch, std::vector<uint8_t>{});
             rf = std::make_unique<QEMUFileReader>(*rin, 256 * 1024);
-            auto rp = ReturnPathOut::open((*ch)->fd(), nullptr, rp_writes_);
+            auto rp = ReturnPathOut::open(**ch, rp_writes_);
             if (!rp) {
                 result = rp.error();
                 break;
@@ -141,7 +141,7 @@ Status IncomingAttempt::preempt_load(Channel *ch)
         MutexLock lk(preempt_mu_);
         preempt_used_ = true; // the source sends on it: end_preempt() drains it
     }
-    FdInputStream in(ch->fd(), {}, nullptr);
+    FdInputStream in(*ch, {});
     QEMUFileReader f(in, 64 * 1024);
     std::unique_ptr<ReturnPathOut> no_rp;
     ImageLoadHandler handler(

@@ -3,23 +3,23 @@
 
 #include <spdlog/spdlog.h>
 
+#include "daemon/channel.h"
 #include "daemon/socket_io.h"
 #include "protocol/postcopy.h"
 #include "protocol/return_path.h"
 
 namespace qmigd {
 
-Result<std::unique_ptr<ReturnPathOut>> ReturnPathOut::open(int fd, TlsSession *tls,
-                                                           PeerWriteGuard &guard)
+Result<std::unique_ptr<ReturnPathOut>> ReturnPathOut::open(Channel &ch, PeerWriteGuard &guard)
 {
-    QMIGD_TRY(return_path_check(fd));
-    return std::unique_ptr<ReturnPathOut>(new ReturnPathOut(fd, tls, guard));
+    QMIGD_TRY(return_path_check(ch.fd()));
+    return std::unique_ptr<ReturnPathOut>(new ReturnPathOut(ch, guard));
 }
 
 Status ReturnPathOut::send(const std::vector<uint8_t> &msg)
 {
-    QMIGD_TRY(guard_.begin(fd_, msg.size()));
-    Status st = channel_write(fd_, tls_, msg.data(), msg.size());
+    QMIGD_TRY(guard_.begin(ch_.fd(), msg.size()));
+    Status st = ch_.write(msg.data(), msg.size());
     guard_.end();
     return st;
 }

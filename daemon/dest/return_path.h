@@ -18,16 +18,16 @@
 namespace qmigd {
 
 class PeerWriteGuard;
-class TlsSession;
+class Channel;
 
 // Destination: what goes back. Used by the load thread only; every write
 // goes through `guard`, which the migration's abort ends (a source that
 // never reads its return path must not hold the load thread in send()).
 class ReturnPathOut {
 public:
-    // `fd` must be a socket (the return path is its other direction).
-    static Result<std::unique_ptr<ReturnPathOut>> open(int fd, TlsSession *tls,
-                                                       PeerWriteGuard &guard);
+    // `ch` must be a socket (the return path is its other direction);
+    // borrowed: its owner keeps it until this object goes.
+    static Result<std::unique_ptr<ReturnPathOut>> open(Channel &ch, PeerWriteGuard &guard);
     Status pong(uint32_t value);
     // Postcopy recovery: a block's received bitmap, and RESUME_ACK.
     Status recv_bitmap(const std::string &idstr, const std::vector<uint64_t> &bits,
@@ -39,14 +39,10 @@ public:
     void shut(bool failed);
 
 private:
-    ReturnPathOut(int fd, TlsSession *tls, PeerWriteGuard &guard)
-        : fd_(fd), tls_(tls), guard_(guard)
-    {
-    }
+    ReturnPathOut(Channel &ch, PeerWriteGuard &guard) : ch_(ch), guard_(guard) {}
     Status send(const std::vector<uint8_t> &msg);
 
-    int fd_;
-    TlsSession *tls_;
+    Channel &ch_;
     PeerWriteGuard &guard_;
 };
 

@@ -466,7 +466,8 @@ TEST_CASE("a return-path write to a source that never reads ends on abort", "[po
     int sv[2];
     REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
     PeerWriteGuard guard;
-    auto out = ReturnPathOut::open(sv[0], nullptr, guard);
+    Channel ch{UniqueFd(sv[0])};
+    auto out = ReturnPathOut::open(ch, guard);
     REQUIRE(out.ok());
     std::atomic<uint64_t> pongs{0};
     Status st;
@@ -488,8 +489,7 @@ TEST_CASE("a return-path write to a source that never reads ends on abort", "[po
     auto t0 = std::chrono::steady_clock::now();
     (*out)->shut(true);
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
-    ::close(sv[0]);
-    ::close(sv[1]);
+    ::close(sv[1]); // sv[0] is the channel's
 }
 
 TEST_CASE("the preempt channel ends at its EOS, as QEMU's preempt thread does", "[postcopy]")
