@@ -77,8 +77,9 @@ private:
     // migration_mode.cpp: the parameter `mode` (normal, cpr-reboot,
     // cpr-transfer) at migrate and migrate-incoming.
     const std::string &migration_mode() const;
-    std::optional<QmpError> check_mode_channels(const json &args) const;
-    std::optional<QmpError> check_mode_migrate() const;
+    std::optional<QmpError> check_mode_channels(const MigrationAddress &addr,
+                                                const json &args) const;
+    std::optional<QmpError> check_mode_migrate(const json &args) const;
     std::optional<QmpError> check_mode_incoming() const;
     void on_migration_status(MigrationStatus s);
     void on_pass(uint64_t n);

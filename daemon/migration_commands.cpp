@@ -52,7 +52,7 @@ QmpResult Daemon::cmd_migrate(const json &args)
     if (auto e = check_address(addr)) {
         return *e;
     }
-    if (auto e = check_mode_channels(args)) {
+    if (auto e = check_mode_channels(*addr, args)) {
         return *e;
     }
     if (args.value("resume", false)) {
@@ -80,7 +80,7 @@ QmpResult Daemon::cmd_migrate(const json &args)
     if (runstate_ == "postmigrate") {
         return qmp_error("Can't migrate the vm that was paused due to previous migration");
     }
-    if (auto e = check_mode_migrate()) {
+    if (auto e = check_mode_migrate(args)) {
         return *e;
     }
     OutgoingParams p;

@@ -35,13 +35,23 @@ def mode_script(peer):
     caps("migrate-set-parameters", mode="cpr-transfer")
     out.append(reply(peer, "migrate", uri="tcp:127.0.0.1:1"))
     out.append(reply(peer, "migrate", channels=[MAIN]))
+    # A file main channel before the missing cpr channel.
+    out.append(reply(peer, "migrate", uri="file:/tmp/qmigd-mode-never-written"))
     caps("migrate-set-capabilities", capabilities=[{"capability": "postcopy-ram", "state": True}])
+    out.append(reply(peer, "migrate", uri="file:/tmp/qmigd-mode-never-written"))
     out.append(reply(peer, "migrate", channels=[MAIN, cpr_channel()]))
     caps("migrate-set-parameters", mode="cpr-reboot")
     out.append(reply(peer, "migrate", uri="tcp:127.0.0.1:1"))
     caps("migrate-set-capabilities", capabilities=[{"capability": "postcopy-ram", "state": False}])
     out.append(peer.qmp.cmd("query-migrate-parameters")["mode"])
     out.append(peer.qmp.cmd("query-migrate").get("status"))
+    # A cpr channel that is not a unix socket, before anything qmigd refuses
+    # (QEMU 10 then says `failed` in query-migrate, qmigd what it said
+    # before: docs/differences.md).
+    caps("migrate-set-parameters", mode="cpr-transfer")
+    tcp_cpr = {"channel-type": "cpr",
+               "addr": {"transport": "socket", "type": "inet", "host": "127.0.0.1", "port": "1"}}
+    out.append(reply(peer, "migrate", channels=[MAIN, tcp_cpr]))
     return out
 
 
