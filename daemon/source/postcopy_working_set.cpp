@@ -20,6 +20,10 @@ namespace {
 // meanwhile waits behind at most this many pages on the main channel.
 constexpr uint64_t kWorkingSetPiece = 16;
 
+// A first resume holds the walk back until the guest asks for nothing for
+// this long (it has its early pages, or it computes) or the window ends.
+constexpr std::chrono::milliseconds kHoldQuiet(300);
+
 bool ws_bit(const std::vector<uint64_t> &bm, uint64_t page)
 {
     return (bm[page / 64] >> (page % 64)) & 1;
@@ -70,7 +74,17 @@ PostcopyWorkingSet::PostcopyWorkingSet(std::shared_ptr<const ParkedVm> vm,
                  working_set_pages(loaded_), loaded_.size());
 }
 
-void PostcopyWorkingSet::start() { started_ = std::chrono::steady_clock::now(); }
+void PostcopyWorkingSet::start()
+{
+    started_ = std::chrono::steady_clock::now();
+    last_request_ = *started_;
+}
+
+bool PostcopyWorkingSet::holding_walk() const
+{
+    return loaded_.empty() && recording() &&
+           std::chrono::steady_clock::now() - last_request_ < kHoldQuiet;
+}
 
 // The second pass: the aligned span around each recorded range, each span
 // once (pages in it already sent are skipped by the sender).
@@ -99,10 +113,10 @@ std::optional<WorkingSetRange> PostcopyWorkingSet::next_span()
 
 std::optional<WorkingSetRange> PostcopyWorkingSet::next()
 {
-    if (around_) {
-        return next_span();
-    }
-    if (next_range_ == loaded_.size()) {
+    if (!around_) {
+        if (auto piece = next_recorded()) {
+            return piece;
+        }
         if (opts_.around_pages <= 1) {
             return std::nullopt;
         }
@@ -110,7 +124,14 @@ std::optional<WorkingSetRange> PostcopyWorkingSet::next()
         next_range_ = 0;
         next_page_ = 0;
         span_ = {};
-        return next_span();
+    }
+    return next_span();
+}
+
+std::optional<WorkingSetRange> PostcopyWorkingSet::next_recorded()
+{
+    if (around_ || next_range_ == loaded_.size()) {
+        return std::nullopt;
     }
     const WorkingSetRange &r = loaded_[next_range_];
     WorkingSetRange piece{r.block, r.offset + next_page_ * TARGET_PAGE_SIZE,
@@ -146,6 +167,9 @@ bool PostcopyWorkingSet::recording() const
 void PostcopyWorkingSet::requested(const PageRequest &r)
 {
     bool rec = recording();
+    if (started_) {
+        last_request_ = std::chrono::steady_clock::now();
+    }
     uint64_t first = r.offset / TARGET_PAGE_SIZE;
     uint64_t end = std::min<uint64_t>(first + r.len / TARGET_PAGE_SIZE,
                                       vm_->blocks[r.block].size / TARGET_PAGE_SIZE);

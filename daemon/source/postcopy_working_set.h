@@ -33,6 +33,16 @@ public:
     // that a request waits at most that long): the recorded pages, then
     // the spans around them; none once all went.
     std::optional<WorkingSetRange> next();
+    // The next piece of the recorded pages alone (none once they went):
+    // sent as precopy pages before the switch, so that the guest starts
+    // with them in place.
+    std::optional<WorkingSetRange> next_recorded();
+    // While this resume records a directory that had no record: the
+    // background walk waits (requests are served) until the window ends or
+    // the guest asks for nothing for a while, so that the record holds
+    // every page the guest touched early, not only those the walk had not
+    // brought yet.
+    bool holding_walk() const;
     // The recorded pages went; next() gives the spans around them.
     bool in_spans() const { return around_; }
     // Before they go: which of the piece's pages are still to send
@@ -67,6 +77,7 @@ private:
     bool added_ = false;        // record_ has pages loaded_ had not
     bool can_record_ = false;   // on, and the directory is writable
     std::optional<std::chrono::steady_clock::time_point> started_;
+    std::chrono::steady_clock::time_point last_request_; // from start() on
     // Per block, one bit per page: recorded already; sent as working set
     // and not asked for since.
     std::vector<std::vector<uint64_t>> recorded_, sent_;
