@@ -349,7 +349,6 @@ Status MigrationThread::migrate()
         QMIGD_TRY(iterate());
     }
     if (postcopy_requested()) {
-        QMIGD_TRY(precopy_working_set());
         QMIGD_TRY(postcopy_start());
         QMIGD_TRY(postcopy_run());
     } else {

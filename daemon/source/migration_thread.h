@@ -104,7 +104,6 @@ private:
     void drop_channels();
     Status postcopy_iterate();
     Status postcopy_send_part();
-    Status precopy_working_set();
     Status serve_page_requests();
     // A parked VM's working set (after the requests, before the walk);
     // *left: some of it still to send.

@@ -160,27 +160,6 @@ Status MigrationThread::send_working_set(const std::function<bool()> &should_yie
     return {};
 }
 
-// Before the switch (precopy, QEMU's destination writes these pages into
-// RAM before LISTEN registers it for faults): the recorded working set in
-// a PART section of its own, so that the destination's guest starts with
-// it in place; the spans around it follow RUN, in turn with the walk.
-Status MigrationThread::precopy_working_set()
-{
-    if (!working_set_) {
-        return {};
-    }
-    savevm_put_section_continue(out_.w(), QEMU_VM_SECTION_PART, ram_section_id());
-    while (auto r = working_set_->next_recorded()) {
-        working_set_->sending(*r, ram_->bitmap(r->block));
-        QMIGD_TRY(ram_->send_range(r->block, r->offset, r->pages * TARGET_PAGE_SIZE));
-    }
-    shared_.stats.working_set_pages = working_set_->pages_sent();
-    ram_put_flag(out_.w(), RAM_SAVE_FLAG_EOS);
-    shared_.stats.precopy_bytes += 8;
-    savevm_put_footer(out_.w(), ram_section_id());
-    return out_.flush();
-}
-
 // One PART section: requested pages, then a parked VM's working set, then
 // the background walk until the slice or the rate window is used up, a
 // request comes in, or nothing is left.
@@ -196,13 +175,6 @@ Status MigrationThread::postcopy_send_part()
     };
     while (!slice_over && ram_->dirty_pages() > 0) {
         QMIGD_TRY(serve_page_requests());
-        if (working_set_ && working_set_->holding_walk()) {
-            // A first resume records: requests only, each page out at once.
-            QMIGD_TRY(out_.flush());
-            requests_->wait_pending(std::chrono::milliseconds(5));
-            slice_over = Clock::now() - slice_start > kPostcopySlice;
-            continue;
-        }
         bool ws_left = false;
         if (working_set_) {
             QMIGD_TRY(send_working_set(should_yield, &ws_left));
@@ -213,6 +185,16 @@ Status MigrationThread::postcopy_send_part()
         // kernel's pages), which no record holds since the walk always
         // brought them first.
         if (ws_left && !working_set_->in_spans()) {
+            continue;
+        }
+        if (working_set_ && working_set_->holding_walk()) {
+            // While it records: requests and the working set only, each
+            // requested page out at once (the guest runs uncontended).
+            if (!ws_left) {
+                QMIGD_TRY(out_.flush());
+                requests_->wait_pending(std::chrono::milliseconds(5));
+                slice_over = Clock::now() - slice_start > kPostcopySlice;
+            }
             continue;
         }
         bool round_done = false;

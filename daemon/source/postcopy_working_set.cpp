@@ -82,7 +82,7 @@ void PostcopyWorkingSet::start()
 
 bool PostcopyWorkingSet::holding_walk() const
 {
-    return loaded_.empty() && recording() &&
+    return recording() &&
            std::chrono::steady_clock::now() - last_request_ < kHoldQuiet;
 }
 
@@ -113,10 +113,10 @@ std::optional<WorkingSetRange> PostcopyWorkingSet::next_span()
 
 std::optional<WorkingSetRange> PostcopyWorkingSet::next()
 {
-    if (!around_) {
-        if (auto piece = next_recorded()) {
-            return piece;
-        }
+    if (around_) {
+        return next_span();
+    }
+    if (next_range_ == loaded_.size()) {
         if (opts_.around_pages <= 1) {
             return std::nullopt;
         }
@@ -124,14 +124,7 @@ std::optional<WorkingSetRange> PostcopyWorkingSet::next()
         next_range_ = 0;
         next_page_ = 0;
         span_ = {};
-    }
-    return next_span();
-}
-
-std::optional<WorkingSetRange> PostcopyWorkingSet::next_recorded()
-{
-    if (around_ || next_range_ == loaded_.size()) {
-        return std::nullopt;
+        return next_span();
     }
     const WorkingSetRange &r = loaded_[next_range_];
     WorkingSetRange piece{r.block, r.offset + next_page_ * TARGET_PAGE_SIZE,

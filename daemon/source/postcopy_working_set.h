@@ -33,15 +33,11 @@ public:
     // that a request waits at most that long): the recorded pages, then
     // the spans around them; none once all went.
     std::optional<WorkingSetRange> next();
-    // The next piece of the recorded pages alone (none once they went):
-    // sent as precopy pages before the switch, so that the guest starts
-    // with them in place.
-    std::optional<WorkingSetRange> next_recorded();
-    // While this resume records a directory that had no record: the
-    // background walk waits (requests are served) until the window ends or
-    // the guest asks for nothing for a while, so that the record holds
-    // every page the guest touched early, not only those the walk had not
-    // brought yet.
+    // While this resume records: the background walk waits (requests and
+    // the working set go) until the window ends or the guest has asked for
+    // nothing for a while, so that the record holds every page the guest
+    // touched early, not only those the walk had not brought yet; and the
+    // guest's first moments do not share the CPU with the walk's pages.
     bool holding_walk() const;
     // The recorded pages went; next() gives the spans around them.
     bool in_spans() const { return around_; }
