@@ -46,7 +46,20 @@ Status PageRequests::push(const std::string *idstr, uint64_t start, uint32_t len
     // A zero length still asks for the page at start, as in QEMU.
     queue_.push_back({last_block_, start, std::max<uint64_t>(len, TARGET_PAGE_SIZE)});
     queued_.store(queue_.size(), std::memory_order_release);
+    queued_cv_.notify_one();
     return {};
+}
+
+bool PageRequests::wait_pending(std::chrono::milliseconds limit)
+{
+    MutexLock lk(mu_);
+    auto until = std::chrono::steady_clock::now() + limit;
+    while (queue_.empty()) {
+        if (!lk.wait_until(queued_cv_, until)) {
+            break;
+        }
+    }
+    return !queue_.empty();
 }
 
 std::optional<PageRequest> PageRequests::pop()

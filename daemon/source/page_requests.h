@@ -5,6 +5,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -40,6 +42,9 @@ public:
     Status push(const std::string *idstr, uint64_t start, uint32_t len) EXCLUDES(mu_);
     bool pending() const { return queued_.load(std::memory_order_acquire) != 0; }
     std::optional<PageRequest> pop() EXCLUDES(mu_);
+    // Until a request is queued or `limit` passed (the migration thread,
+    // while it holds the background walk back); true when one is.
+    bool wait_pending(std::chrono::milliseconds limit) EXCLUDES(mu_);
     // postcopy-requests: every request, good or bad, as QEMU counts them.
     uint64_t count() const { return count_.load(); }
 
@@ -48,6 +53,7 @@ private:
     size_t last_block_ = SIZE_MAX; // reader thread only
     Mutex mu_;
     std::deque<PageRequest> queue_ GUARDED_BY(mu_);
+    std::condition_variable queued_cv_; // push() wakes wait_pending()
     std::atomic<size_t> queued_{0};  // written under mu_, read without it
     std::atomic<uint64_t> count_{0}; // atomic: the reader counts, the migration thread reads
 };

@@ -187,6 +187,16 @@ Status MigrationThread::postcopy_send_part()
         if (ws_left && !working_set_->in_spans()) {
             continue;
         }
+        if (working_set_ && working_set_->holding_walk()) {
+            // While it records: requests and the working set only, each
+            // requested page out at once (the guest runs uncontended).
+            if (!ws_left) {
+                QMIGD_TRY(out_.flush());
+                requests_->wait_pending(std::chrono::milliseconds(5));
+                slice_over = Clock::now() - slice_start > kPostcopySlice;
+            }
+            continue;
+        }
         bool round_done = false;
         QMIGD_TRY(ram_->send_dirty(false, &round_done,
                                    [&] { return should_yield() || ws_left; }));

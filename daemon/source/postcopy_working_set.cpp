@@ -20,6 +20,10 @@ namespace {
 // meanwhile waits behind at most this many pages on the main channel.
 constexpr uint64_t kWorkingSetPiece = 16;
 
+// A first resume holds the walk back until the guest asks for nothing for
+// this long (it has its early pages, or it computes) or the window ends.
+constexpr std::chrono::milliseconds kHoldQuiet(300);
+
 bool ws_bit(const std::vector<uint64_t> &bm, uint64_t page)
 {
     return (bm[page / 64] >> (page % 64)) & 1;
@@ -70,7 +74,17 @@ PostcopyWorkingSet::PostcopyWorkingSet(std::shared_ptr<const ParkedVm> vm,
                  working_set_pages(loaded_), loaded_.size());
 }
 
-void PostcopyWorkingSet::start() { started_ = std::chrono::steady_clock::now(); }
+void PostcopyWorkingSet::start()
+{
+    started_ = std::chrono::steady_clock::now();
+    last_request_ = *started_;
+}
+
+bool PostcopyWorkingSet::holding_walk() const
+{
+    return recording() &&
+           std::chrono::steady_clock::now() - last_request_ < kHoldQuiet;
+}
 
 // The second pass: the aligned span around each recorded range, each span
 // once (pages in it already sent are skipped by the sender).
@@ -146,6 +160,9 @@ bool PostcopyWorkingSet::recording() const
 void PostcopyWorkingSet::requested(const PageRequest &r)
 {
     bool rec = recording();
+    if (started_) {
+        last_request_ = std::chrono::steady_clock::now();
+    }
     uint64_t first = r.offset / TARGET_PAGE_SIZE;
     uint64_t end = std::min<uint64_t>(first + r.len / TARGET_PAGE_SIZE,
                                       vm_->blocks[r.block].size / TARGET_PAGE_SIZE);

@@ -33,6 +33,12 @@ public:
     // that a request waits at most that long): the recorded pages, then
     // the spans around them; none once all went.
     std::optional<WorkingSetRange> next();
+    // While this resume records: the background walk waits (requests and
+    // the working set go) until the window ends or the guest has asked for
+    // nothing for a while, so that the record holds every page the guest
+    // touched early, not only those the walk had not brought yet; and the
+    // guest's first moments do not share the CPU with the walk's pages.
+    bool holding_walk() const;
     // The recorded pages went; next() gives the spans around them.
     bool in_spans() const { return around_; }
     // Before they go: which of the piece's pages are still to send
@@ -67,6 +73,7 @@ private:
     bool added_ = false;        // record_ has pages loaded_ had not
     bool can_record_ = false;   // on, and the directory is writable
     std::optional<std::chrono::steady_clock::time_point> started_;
+    std::chrono::steady_clock::time_point last_request_; // from start() on
     // Per block, one bit per page: recorded already; sent as working set
     // and not asked for since.
     std::vector<std::vector<uint64_t>> recorded_, sent_;
