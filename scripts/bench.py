@@ -277,11 +277,12 @@ def machine_bound(cell, runs, size, limits):
     on 4 KiB backings; on huge pages the copy is TCP's own) -- is shared by
     the cores. TCP's rate and CPU per byte are measured between buffers of
     the guest's memory larger than the cache, as a migration meets them
-    (`tcp_loopback_gbps`, `tcp_cpu_s_per_gib`). On huge pages the
-    destination's page allocation (a fault that clears 2 MiB, `fault_ns`
-    per 4 KiB of it) is part of the work too, counted for every 2 MiB page that holds data (one data page
-    in it is enough to allocate and clear it whole). Returns seconds, or
-    None without limits."""
+    (`tcp_loopback_gbps`, `tcp_cpu_s_per_gib`). On a huge-page tmpfs the
+    destination faults each data page in 4 KiB (as QEMU's mapping does:
+    `fault_ns` per page); on hugetlbfs its page allocation (a fault that
+    clears 2 MiB, `fault_ns` per 4 KiB of it) is counted for every 2 MiB
+    page that holds data (one data page in it is enough to allocate and
+    clear it whole). Returns seconds, or None without limits."""
     lim = limits.get(cell[0])
     if not lim or lim.get("tcp_loopback_gbps", 0) <= 0 or cell[4] != "none" or TLS_DIRS:
         return None  # compressed or TLS: the bound is the cipher's or compressor's
@@ -289,6 +290,8 @@ def machine_bound(cell, runs, size, limits):
     wire = data / (lim["tcp_loopback_gbps"] * 1e9)
     if cell[0] == "shm":
         store = data / (lim["pwrite_gbps"] * 1e9)
+    elif cell[0] == "thp":  # each data page, faulted in 4 KiB
+        store = data / 4096 * fault_ns(cell[0], lim) / 1e9
     else:  # every huge page with data in it, not only the data pages
         store = HUGE_TOUCHED.get(cell, data) / 4096 * fault_ns(cell[0], lim) / 1e9
     cpu = (data / (1 << 30) * lim["tcp_cpu_s_per_gib"] + size / (lim["zero_scan_gbps"] * 1e9)
@@ -300,7 +303,7 @@ def fault_ns(backing, lim):
     """What a destination's first write costs per 4 KiB. A hugetlbfs pool
     keeps its pages backed: the least of `qmigd limits`' passes. A huge-page
     tmpfs takes them from free memory, which a paravirtualised host may have
-    to back again (free page reporting hands free 2 MiB blocks back within
+    to back again (free page reporting hands free blocks back within
     seconds; runs here are seconds apart): the first pass."""
     if backing == "thp" and lim.get("fault_fresh_ns_per_page", -1) > 0:
         return lim["fault_fresh_ns_per_page"]  # never below the least: it is one of the passes
