@@ -70,8 +70,9 @@ PostcopyWorkingSet::PostcopyWorkingSet(std::shared_ptr<const ParkedVm> vm,
                      vm_->dir, std::strerror(errno));
         can_record_ = false;
     }
+    // Counted as the record holds them: a page the file names twice once.
     spdlog::info("migration: working set of {} pages in {} ranges to send first",
-                 working_set_pages(loaded_), loaded_.size());
+                 record_pages_, record_.size());
 }
 
 void PostcopyWorkingSet::start()

@@ -28,7 +28,7 @@ import wire
 from itest import test, main, check, skip, cleanup
 from fixtures import resume_parked_to_qemu
 from runner import (Peer, migrate, wait_status, start_incoming, unique_name, make_image,
-                    files_equal, proc_status, QMIGD)
+                    files_equal, proc_status, stop_all, QMIGD)
 import runner  # noqa: E402
 from backing import backing_dir, Unavailable
 
@@ -171,8 +171,7 @@ def test_names_that_are_not_utf8_park_and_resume_byte_identical():
             si, di, _ = migrate(src, dst, False, 1, "legacy")
             check(si["status"] == "completed" and di["status"] == "completed", (si, di))
         finally:
-            src.stop()
-            dst.stop()
+            stop_all(src, dst)
         check(names(record(relay)) == want, (record(relay), want))
         for i in range(len(blocks)):
             img = [x for x in sorted(os.listdir(d)) if x.startswith(f"{i:02}-")][0]

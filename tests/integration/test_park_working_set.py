@@ -22,7 +22,7 @@ import threading
 from itest import test, main, check, skip
 from postcopy_fake import req_pages_id, fake_run
 from fixtures import MiB
-from runner import Peer, migrate, make_image
+from runner import Peer, migrate, make_image, stop_all
 
 SIZE = 64 * MiB
 WORK = tempfile.mkdtemp(prefix="qmigd-ws-", dir="/dev/shm")
@@ -45,8 +45,7 @@ def parked():
             si, di, _ = migrate(guest, park, False, 1, "legacy")
             check(si["status"] == "completed" and di["status"] == "completed", (si, di))
         finally:
-            park.stop()
-            guest.stop()
+            stop_all(park, guest)
         _parked["dir"] = d
     return _parked["dir"]
 
