@@ -37,7 +37,8 @@ void DirtyBitmap::set_dirty(uint64_t page)
         .fetch_or(uint64_t(1) << (page % 64), std::memory_order_release);
 }
 
-// Word i of the shared file, cleared there (counted in collected_).
+// Word i of the shared file, cleared there (the caller counts it in
+// collected_, once per sync: not an atomic add per dirty word).
 uint64_t DirtyBitmap::take_word(size_t i)
 {
     std::atomic_ref<uint64_t> w(bits_[i]);
@@ -52,7 +53,6 @@ uint64_t DirtyBitmap::take_word(size_t i)
         // in the image.
         bits &= (uint64_t(1) << (pages_ % 64)) - 1;
     }
-    collected_.fetch_add(uint64_t(std::popcount(bits)), std::memory_order_relaxed);
     return bits;
 }
 
@@ -67,9 +67,11 @@ uint64_t DirtyBitmap::sync_and_clear(std::vector<uint64_t> &dest,
 {
     // Acquire: pairs with the release in sync_to_pending().
     bool pending = has_pending_.exchange(false, std::memory_order_acquire);
-    uint64_t count = 0;
+    uint64_t count = 0, taken = 0;
     for (size_t i = 0; i < words_; i++) {
-        uint64_t bits = take_word(i) | (pending ? take_pending_word(i) : 0);
+        uint64_t own = take_word(i);
+        taken += uint64_t(std::popcount(own));
+        uint64_t bits = own | (pending ? take_pending_word(i) : 0);
         if (bits == 0) {
             continue;
         }
@@ -79,6 +81,7 @@ uint64_t DirtyBitmap::sync_and_clear(std::vector<uint64_t> &dest,
             on_word(i, bits);
         }
     }
+    collected_.fetch_add(taken, std::memory_order_relaxed);
     return count;
 }
 
@@ -92,14 +95,15 @@ bool DirtyBitmap::sync_to_pending()
         }
         pending_.store(pending, std::memory_order_release);
     }
-    bool any = false;
+    uint64_t taken = 0;
     for (size_t i = 0; i < words_; i++) {
         if (uint64_t bits = take_word(i)) {
             std::atomic_ref<uint64_t>(pending[i]).fetch_or(bits, std::memory_order_release);
-            any = true;
+            taken += uint64_t(std::popcount(bits));
         }
     }
-    if (any) {
+    collected_.fetch_add(taken, std::memory_order_relaxed);
+    if (taken) {
         // Release: pairs with the acquire in sync_and_clear().
         has_pending_.store(true, std::memory_order_release);
     }
