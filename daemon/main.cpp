@@ -139,6 +139,12 @@ int main(int argc, char **argv)
                        "seconds memory sits unused before the idle fault pass; 0 skips it "
                        "(default 8)")
         ->check(CLI::Range(0, 600));
+    uint64_t limits_fault_bytes = 0;
+    limits->add_option("--fault-bytes", limits_fault_bytes,
+                       "only fault this many bytes of fresh memory in --dir from one thread "
+                       "per core and report its time and CPU (what a destination receiving "
+                       "that much data pays to allocate it)")
+        ->check(CLI::Range(uint64_t(1), uint64_t(1) << 40));
     CLI11_PARSE(app, argc, argv);
 
     if (version->parsed()) {
@@ -146,7 +152,9 @@ int main(int argc, char **argv)
         return 0;
     }
     if (limits->parsed()) {
-        std::printf("%s\n", measure_limits(limits_dir, limits_idle).dump(2).c_str());
+        nlohmann::json j = limits_fault_bytes ? measure_fault_scale(limits_dir, limits_fault_bytes)
+                                              : measure_limits(limits_dir, limits_idle);
+        std::printf("%s\n", j.dump(2).c_str());
         return 0;
     }
 

@@ -36,6 +36,7 @@ from qmp_args import parse_size  # noqa: E402
 
 CELL_SIZE = {}  # cell -> image bytes (a grid mixes 4 GiB and 2 GiB cells)
 HUGE_TOUCHED = {}  # cell -> bytes of the 2 MiB pages holding any non-zero byte
+FAULT_PASSES = {}  # cell -> [`qmigd limits --fault-bytes` results], one a round (--limits)
 HUGE_PAGE = 2 << 20
 PAIRS = [("qemu", "qemu"), ("qmigd", "qmigd"), ("qemu", "qmigd"), ("qmigd", "qemu")]
 NAMES = {"qemu": "QEMU", "qmigd": "qmigd"}
@@ -184,6 +185,19 @@ def measure_limits(directory):
     return json.loads(out)
 
 
+def fault_pass(directory, data_bytes, idle):
+    """The destination's page allocation alone, for a stream carrying
+    `data_bytes` of pages, after the same idle as the runs: the first touch
+    of that much fresh memory, one thread per core. It grows with the size
+    (a paravirtualised host backs only part of the guest's free memory), so
+    it is measured beside each cell rather than once."""
+    time.sleep(idle)
+    out = subprocess.run([QMIGD, "limits", "--dir", directory, "--fault-bytes",
+                          str(max(int(data_bytes), 1 << 20))],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
 def median(runs, key):
     return statistics.median(r[key] for r in runs)
 
@@ -243,6 +257,14 @@ def run_backing(backing, size, args, results, limits):
                                       f"{run['cpu']:7.3f} s  identical {run['ok']}", flush=True)
                                 if run["ok"] is False:
                                     sys.exit(f"images differ: {cell} {pair}")
+                            if args.limits and backing != "hugetlbfs":
+                                data = run["normal"] * 4096  # the same stream for every pair
+                                f = fault_pass(d, data, cell[5])
+                                FAULT_PASSES.setdefault(cell, []).append(f)
+                                save_json(args.json, results, limits)
+                                print(f"  {fmt_cell(cell)} run {r + 1} fault pass "
+                                      f"{data >> 20} MiB {f['fault_seconds']:7.3f} s  cpu "
+                                      f"{f['fault_cpu_seconds']:7.3f} s", flush=True)
                 finally:
                     remove(src_img)
     except Unavailable as why:
@@ -257,7 +279,8 @@ def save_json(path, results, limits):
     with open(path + ".tmp", "w") as f:
         json.dump({"limits": limits, "runs": [
             {"cell": list(c), "pair": list(p), "size": CELL_SIZE.get(c),
-             "huge_touched": HUGE_TOUCHED.get(c), "runs": r}
+             "huge_touched": HUGE_TOUCHED.get(c), "fault_passes": FAULT_PASSES.get(c),
+             "runs": r}
             for c, per in results.items() for p, r in per.items()]}, f, indent=1)
     os.replace(path + ".tmp", path)
 
@@ -273,22 +296,29 @@ def machine_bound(cell, runs, size, limits):
     """A lower bound on qmigd -> qmigd's time from this machine's limits:
     the page data must cross loopback TCP (wire time at the 4-stream rate),
     and on 2 cores the CPU work no migration can skip -- TCP's CPU per byte,
-    the zero check of every page, and storing each data page (pwrite's rate
-    on 4 KiB backings; on huge pages the copy is TCP's own) -- is shared by
-    the cores. TCP's rate and CPU per byte are measured between buffers of
-    the guest's memory larger than the cache, as a migration meets them
-    (`tcp_loopback_gbps`, `tcp_cpu_s_per_gib`). On a huge-page tmpfs the
-    destination faults each data page in 4 KiB (as QEMU's mapping does:
-    `fault_ns` per page); on hugetlbfs its page allocation (a fault that
-    clears 2 MiB, `fault_ns` per 4 KiB of it) is counted for every 2 MiB
-    page that holds data (one data page in it is enough to allocate and
-    clear it whole). Returns seconds, or None without limits."""
+    the zero check of every page, and allocating each data page at the
+    destination -- is shared by the cores. TCP's rate and CPU per byte are
+    measured between buffers of the guest's memory larger than the cache, as
+    a migration meets them (`tcp_loopback_gbps`, `tcp_cpu_s_per_gib`: the
+    receive's copy into the page is in it). The allocation on a 4 KiB
+    /dev/shm or a huge-page tmpfs (faulted in 4 KiB, as QEMU's mapping
+    does) is the CPU of the cell's own fault passes (`qmigd limits
+    --fault-bytes`: as much fresh memory as the stream's data, after the
+    same idle, one thread per core; their median), since what it costs
+    grows with the size on a paravirtualised host; without them, the
+    warm-memory figures (`pwrite_gbps`, `fault_ns`). On hugetlbfs the pool's
+    pages are backed: a fault that clears 2 MiB, `fault_ns` per 4 KiB of
+    it, for every 2 MiB page that holds data (one data page in it is enough
+    to allocate and clear it whole). Returns seconds, or None without
+    limits."""
     lim = limits.get(cell[0])
     if not lim or lim.get("tcp_loopback_gbps", 0) <= 0 or cell[4] != "none" or TLS_DIRS:
         return None  # compressed or TLS: the bound is the cipher's or compressor's
     data = median(runs, "normal") * 4096
     wire = data / (lim["tcp_loopback_gbps"] * 1e9)
-    if cell[0] == "shm":
+    if FAULT_PASSES.get(cell):
+        store = statistics.median(f["fault_cpu_seconds"] for f in FAULT_PASSES[cell])
+    elif cell[0] == "shm":
         store = data / (lim["pwrite_gbps"] * 1e9)
     elif cell[0] == "thp":  # each data page, faulted in 4 KiB
         store = data / 4096 * fault_ns(cell[0], lim) / 1e9
@@ -322,7 +352,12 @@ def limit_share(cell, runs, size, limits):
 def bound_text(cell, ours, size, limits):
     size = CELL_SIZE.get(cell, size)
     b = machine_bound(cell, ours, size, limits) if ours else None
-    return f"{b:.2f} ({median(ours, 'secs') / b:.2f}x)" if b else ""
+    if not b:
+        return ""
+    passes = FAULT_PASSES.get(cell)
+    faults = (f"; fault pass {statistics.median(f['fault_seconds'] for f in passes):.2f} s"
+              if passes else "")
+    return f"{b:.2f} ({median(ours, 'secs') / b:.2f}x{faults})"
 
 
 def table(results, size, limits):
@@ -483,6 +518,8 @@ def main():
                 GRID_4K["size"] if cell[0] == "shm" else GRID_HUGE["size"])
             if r.get("huge_touched") is not None:
                 HUGE_TOUCHED[cell] = r["huge_touched"]
+            if r.get("fault_passes"):
+                FAULT_PASSES[cell] = r["fault_passes"]
         SHOW_IDLE = len({c[5] for c in results}) > 1
         print(table(results, 0, saved["limits"]))
         print("\n" + memory_table(results))

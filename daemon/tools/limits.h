@@ -16,4 +16,10 @@ namespace qmigd {
 // long (fault_idle_ns_per_page; -1 when idle_s is 0).
 nlohmann::json measure_limits(const std::string &dir, unsigned idle_s);
 
+// Only the first touch of `bytes` of fresh memory in `dir`, from one thread
+// per core (`qmigd limits --fault-bytes`): what a destination that receives
+// that much page data pays to allocate it, which on a paravirtualised host
+// grows with the size (scripts/bench.py runs it beside each cell).
+nlohmann::json measure_fault_scale(const std::string &dir, size_t bytes);
+
 } // namespace qmigd

@@ -83,6 +83,16 @@ def test_limits_reports_this_machine():
     bad = subprocess.run([QMIGD, "limits", "--dir", "/nonexistent/qmigd"], capture_output=True,
                          text=True, timeout=30)
     check(bad.returncode != 0 and "/nonexistent/qmigd" in bad.stderr, bad.stderr)
+    # The fault pass alone, as bench.py runs it beside each cell.
+    f = json.loads(subprocess.run([QMIGD, "limits", "--dir", "/dev/shm", "--fault-bytes",
+                                   str(32 << 20)], capture_output=True, text=True, timeout=120,
+                                  check=True).stdout)
+    check(f["fault_bytes"] == 32 << 20 and f["threads"] >= 1, f)
+    check(f["fault_seconds"] > 0 and f["fault_cpu_seconds"] > 0
+          and abs(f["fault_cpu_ns_per_page"] - f["fault_cpu_seconds"] * 1e9 / (8 << 10)) < 1, f)
+    zero = subprocess.run([QMIGD, "limits", "--fault-bytes", "0"], capture_output=True,
+                          text=True, timeout=30)
+    check(zero.returncode != 0 and "--fault-bytes" in zero.stderr, zero.stderr)
 
 
 @test
@@ -110,6 +120,12 @@ def test_limits_on_a_small_tmpfs_and_planted_links():
         check(lim["fault_ns_per_page"] == -1 and lim["fault_fresh_ns_per_page"] == -1, lim)
         check(lim["tcp_loopback_gbps"] == -1, lim)  # 256 MiB of it cannot be had either
         check(lim["zero_scan_gbps"] > 0, lim)
+        # 64 MiB of a 16 MiB tmpfs cannot be faulted either: -1, not SIGBUS.
+        r = subprocess.run([QMIGD, "limits", "--dir", mnt, "--fault-bytes", str(64 << 20)],
+                           capture_output=True, text=True, timeout=120)
+        check(r.returncode == 0, f"--fault-bytes on a small tmpfs: {r.returncode} {r.stderr}")
+        f = json.loads(r.stdout)
+        check(f["fault_seconds"] == -1 and f["fault_cpu_ns_per_page"] == -1, f)
         with open(victim, "rb") as f:
             check(f.read() == b"precious", "a planted link was followed")
         left = [n for n in os.listdir(mnt) if n.startswith(".qmigd-") and
