@@ -34,6 +34,23 @@ constexpr uint32_t kTimerSectionId = 0;
 constexpr uint32_t kRamSectionId = 1;
 constexpr uint32_t kGlobalStateSectionId = 3;
 
+// A destination that has multifd off closes the multifd channels it
+// accepts (QEMU 10 without a word): the source's write then fails with a
+// reset or broken pipe, on a multifd channel or the main one, which alone
+// does not say why. Adds the likely reason to such an error.
+constexpr const char *kMultifdPeerHint =
+    " (the destination closed the multifd channels: is multifd on at both ends?)";
+
+Error with_multifd_peer_hint(Error e)
+{
+    const std::string &m = e.message();
+    if (m.find("Connection reset") != std::string::npos ||
+        m.find("Broken pipe") != std::string::npos) {
+        return Error(m + kMultifdPeerHint);
+    }
+    return e;
+}
+
 } // namespace
 
 MigrationThread::MigrationThread(const OutgoingParams &p, std::vector<RAMBlock> &blocks,
@@ -316,11 +333,10 @@ Status MigrationThread::run()
             return *verdict;
         }
     }
-    if (!st && multifd_ && shared_.yanked) {
-        return multifd_without_peer_hint(st.error()); // a sender's own words had it
-    }
-    if (!st && multifd_ && !shared_.cancel_requested) {
-        return multifd_peer_closed_hint(st.error());
+    // Only here is it known why the channels ended: after a cancel or a
+    // yank they were ours to break, with no peer to blame.
+    if (!st && multifd_ && !shared_.cancel_requested && !shared_.yanked) {
+        return with_multifd_peer_hint(st.error());
     }
     return st;
 }

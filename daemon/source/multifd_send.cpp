@@ -61,29 +61,6 @@ std::vector<Channel *> MultifdSend::channels() const
     return r;
 }
 
-static constexpr const char *kPeerClosedHint =
-    " (the destination closed the multifd channels: is multifd on at both ends?)";
-
-Error multifd_peer_closed_hint(Error e)
-{
-    const std::string &m = e.message();
-    if (m.find(kPeerClosedHint) != std::string::npos) {
-        return e; // said already, by the channel that failed first
-    }
-    if (m.find("Connection reset") != std::string::npos ||
-        m.find("Broken pipe") != std::string::npos) {
-        return Error(m + kPeerClosedHint);
-    }
-    return e;
-}
-
-Error multifd_without_peer_hint(Error e)
-{
-    const std::string &m = e.message();
-    size_t at = m.find(kPeerClosedHint);
-    return at == std::string::npos ? e : Error(m.substr(0, at));
-}
-
 void MultifdSend::wake_all()
 {
     quit_ = true;

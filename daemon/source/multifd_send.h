@@ -69,15 +69,6 @@ struct MultifdJob {
     }
 };
 
-// A destination that has multifd off closes the multifd channels it
-// accepts (QEMU 10 without a word): the source's write then fails with a
-// reset or broken pipe, on a multifd channel or the main one, which alone
-// does not say why. Adds the likely reason to such an error.
-Error multifd_peer_closed_hint(Error e);
-// The same error without that reason: a yank, not the peer, broke the
-// channels.
-Error multifd_without_peer_hint(Error e);
-
 class MultifdSend {
 public:
     // `file`: the mapped-ram layout when fds are files; null for sockets.

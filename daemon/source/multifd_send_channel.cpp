@@ -14,7 +14,7 @@ namespace qmigd {
 
 static Error multifd_channel_error(const Error &e, uint32_t id)
 {
-    return multifd_peer_closed_hint(Error(e).prepend(fmt::format("multifd channel {}: ", id)));
+    return Error(e).prepend(fmt::format("multifd channel {}: ", id));
 }
 
 Status MultifdSend::packet_pages(Sender &s, const MultifdJob &job, uint32_t packet,
