@@ -7,18 +7,13 @@
 
 #include <spdlog/spdlog.h>
 
+#include "daemon/monotonic_clock.h"
 #include "daemon/thread_name.h"
 #include "ramstate/dirty_rate.h"
 
 namespace qmigd {
 
 namespace {
-
-int64_t monotonic_ms()
-{
-    using namespace std::chrono;
-    return duration_cast<milliseconds>(steady_clock::now().time_since_epoch()).count();
-}
 
 int64_t unix_seconds()
 {

@@ -1,13 +1,12 @@
 // TLS handshakes of a destination's connections: a thread each, bounded, evicted and reaped.
 #include "daemon/tls/tls_handshakes.h"
 
-#include <chrono>
-
 #include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
 
+#include "daemon/monotonic_clock.h"
 #include "daemon/socket_io.h"
 #include "daemon/thread_name.h"
 
@@ -69,13 +68,6 @@ void TlsHandshakes::reap_ended()
 
 namespace {
 
-int64_t steady_ms()
-{
-    return std::chrono::duration_cast<std::chrono::milliseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-
 // A source's channel sends its first bytes right after its handshake; one
 // that has not within this long is a stranger that only shook hands.
 constexpr int64_t kIdentifyGraceMs = 50;
@@ -84,14 +76,14 @@ constexpr int64_t kIdentifyGraceMs = 50;
 
 void TlsHandshakes::Progress::set_identifying()
 {
-    identifying_since_ms = steady_ms(); // Pairs with the acquire of `identifying` below.
+    identifying_since_ms = monotonic_ms(); // Pairs with the acquire of `identifying` below.
     identifying.store(true, std::memory_order_release);
 }
 
 bool TlsHandshakes::Progress::silent_after_handshake() const
 {
     return identifying.load(std::memory_order_acquire) &&
-           steady_ms() - identifying_since_ms.load() >= kIdentifyGraceMs;
+           monotonic_ms() - identifying_since_ms.load() >= kIdentifyGraceMs;
 }
 
 // Bytes the peer has sent: those the session read plus those still queued
