@@ -87,6 +87,14 @@ bool PostcopyWorkingSet::holding_walk() const
            std::chrono::steady_clock::now() - last_request_ < kHoldQuiet;
 }
 
+WorkingSetRange PostcopyWorkingSet::take_piece(const WorkingSetRange &from)
+{
+    WorkingSetRange piece{from.block, from.offset + next_page_ * TARGET_PAGE_SIZE,
+                          std::min(kWorkingSetPiece, from.pages - next_page_)};
+    next_page_ += piece.pages;
+    return piece;
+}
+
 // The second pass: the aligned span around each recorded range, each span
 // once (pages in it already sent are skipped by the sender).
 std::optional<WorkingSetRange> PostcopyWorkingSet::next_span()
@@ -106,10 +114,7 @@ std::optional<WorkingSetRange> PostcopyWorkingSet::next_span()
             span_.pages = end - first;
         }
     }
-    WorkingSetRange piece{span_.block, span_.offset + next_page_ * TARGET_PAGE_SIZE,
-                          std::min(kWorkingSetPiece, span_.pages - next_page_)};
-    next_page_ += piece.pages;
-    return piece;
+    return take_piece(span_);
 }
 
 std::optional<WorkingSetRange> PostcopyWorkingSet::next()
@@ -128,9 +133,7 @@ std::optional<WorkingSetRange> PostcopyWorkingSet::next()
         return next_span();
     }
     const WorkingSetRange &r = loaded_[next_range_];
-    WorkingSetRange piece{r.block, r.offset + next_page_ * TARGET_PAGE_SIZE,
-                          std::min(kWorkingSetPiece, r.pages - next_page_)};
-    next_page_ += piece.pages;
+    WorkingSetRange piece = take_piece(r);
     if (next_page_ == r.pages) {
         next_range_++;
         next_page_ = 0;

@@ -61,6 +61,9 @@ private:
     std::shared_ptr<const ParkedVm> vm_;
     WorkingSetOptions opts_; // max_pages within the format's limit
     std::optional<WorkingSetRange> next_span();
+    // The piece of `from` (a loaded range or span_) at next_page_, at most
+    // kWorkingSetPiece pages; next_page_ moves past it.
+    WorkingSetRange take_piece(const WorkingSetRange &from);
 
     std::vector<WorkingSetRange> loaded_; // what is sent first, as read
     size_t next_range_ = 0;
