@@ -194,6 +194,7 @@ def resume_parked_to_qemu(directory, tag, want_img, work):
         check(si["status"] == "completed" and di["status"] == "completed", (si, di))
         check(files_equal(want_img, img), "the resumed RAM differs")
     finally:
-        src.stop()
-        dst.stop()
-        remove(img)
+        try:
+            stop_all(src, dst)
+        finally:
+            remove(img)

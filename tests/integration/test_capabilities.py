@@ -112,8 +112,7 @@ def test_refusals_in_qemus_words():
                     check(hmp[0] == hmp[1], f"migrate_continue {state}: {hmp}")
                 check(q.qmp.hmp("migrate_continue bogus") == "Error: invalid parameter value: bogus\r\n")
             finally:
-                q.stop()
-                m.stop()
+                stop_all(q, m)
 
 
 NEEDS = {"switchover-ack": "return-path", "zero-copy-send": "multifd",

@@ -11,7 +11,7 @@ import time
 
 from itest import test, main, check
 from runner import (Peer, QMIGD, make_image, migrate, remove, start_incoming, unique_name,
-                    wait_status)
+                    wait_status, stop_all)
 
 QMIG = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "qmig")
 MiB = 1 << 20
@@ -99,9 +99,10 @@ def test_ctrl_c_of_qmig_run_cancels():
               "--max-bandwidth 4M is not 4 MiB/s")
         wait_status(dst, ("failed", "cancelled"), timeout=30, fail_on=())
     finally:
-        src.stop()
-        dst.stop()
-        remove(*imgs)
+        try:
+            stop_all(src, dst)
+        finally:
+            remove(*imgs)
 
 
 @test
@@ -118,9 +119,10 @@ def test_ctrl_c_of_migrate_wait_cancels():
         check("interrupted: migration cancelled" in out, out)
         check(src.status()["status"] == "cancelled", src.status())
     finally:
-        src.stop()
-        dst.stop()
-        remove(*imgs)
+        try:
+            stop_all(src, dst)
+        finally:
+            remove(*imgs)
 
 
 def dest_info_after_migration(kind):
@@ -133,9 +135,10 @@ def dest_info_after_migration(kind):
         wait_status(dst, ("completed",), timeout=30)
         return dst.qmp.hmp("info migrate"), dst.status()
     finally:
-        src.stop()
-        dst.stop()
-        remove(s_img, d_img)
+        try:
+            stop_all(src, dst)
+        finally:
+            remove(s_img, d_img)
 
 
 @test

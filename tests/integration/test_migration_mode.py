@@ -159,9 +159,7 @@ def test_cpr_reboot_to_a_file_as_qemu():
                     written = guest.pages_written()
                     check(guest.record()[:2] == (1, 1), f"guest not paused: {guest.record()}")
             finally:
-                if guest:
-                    guest.stop()
-                src.stop()
+                stop_all(guest, src)
             for dst_kind in ("qmigd", "qemu"):
                 remove(d_img)
                 load_file(dst_kind, d_img, path, SIZE)

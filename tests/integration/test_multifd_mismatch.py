@@ -11,6 +11,7 @@ import time
 
 from itest import test, main, check
 from runner import Peer, make_image, migrate, remove, start_incoming, unique_name, wait_status
+from runner import stop_all
 
 MiB = 1 << 20
 SIZE = 16 * MiB
@@ -48,9 +49,10 @@ def mismatched(src_kind, src_multifd, tag):
             again.stop()
         return si, di, log
     finally:
-        src.stop()
-        dst.stop()
-        remove(*imgs)
+        try:
+            stop_all(src, dst)
+        finally:
+            remove(*imgs)
 
 
 def check_dest_says(di, log, words):
@@ -132,9 +134,10 @@ def test_multifd_on_at_qmigd_source_into_qemu():
         print(f"  source: {desc!r}")
         check("multifd" in desc and "both ends" in desc, f"source error-desc: {desc!r}")
     finally:
-        src.stop()
-        dst.stop()
-        remove(s_img, d_img)
+        try:
+            stop_all(src, dst)
+        finally:
+            remove(s_img, d_img)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import time
 from itest import test, main, check, skip, cleanup
 from fixtures import resume_parked_to_qemu
 from runner import (Peer, migrate, wait_status, start_incoming, unique_name, make_image,
-                    files_equal, remove, QMIGD, log_file)
+                    files_equal, remove, stop_all, QMIGD, log_file)
 
 MiB = 1 << 20
 SIZE = 64 * MiB
@@ -47,8 +47,7 @@ def park(directory, tag, name="mem", path=SRC_IMG, wrap=None):
         check(si["status"] == "completed" and di["status"] == "completed", (si, di))
         return di
     finally:
-        dst.stop()
-        guest.stop()
+        stop_all(dst, guest)
 
 
 def new_dir(tag):
@@ -228,9 +227,10 @@ def test_longest_block_name_parks():
         migrate(src, dst, False, 1, "legacy")
         check(files_equal(SRC_IMG, img), "RAM differs after a resume with a long block name")
     finally:
-        src.stop()
-        dst.stop()
-        remove(img)
+        try:
+            stop_all(src, dst)
+        finally:
+            remove(img)
 
 
 @test
@@ -259,10 +259,10 @@ def test_resume_from_a_read_only_directory_twice_at_once():
                 wait_status(dst, ("completed",), 60)
                 check(files_equal(SRC_IMG, img), "a resume from the read-only copy differs")
         finally:
-            for src, dst, img in pairs:
-                src.stop()
-                dst.stop()
-                remove(img)
+            try:
+                stop_all(*(p for src, dst, _ in pairs for p in (src, dst)))
+            finally:
+                remove(*(img for _, _, img in pairs))
         check(snapshot(ro) == before, "resuming changed the directory")
     finally:
         subprocess.run(["umount", ro])
@@ -365,8 +365,7 @@ def kill_park_at(d, delay, bandwidth):
         dst.proc.send_signal(signal.SIGKILL)
         dst.proc.wait(10)
     finally:
-        dst.stop()
-        guest.stop()
+        stop_all(dst, guest)
 
 
 @test

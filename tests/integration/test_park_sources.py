@@ -204,8 +204,7 @@ def qemu_park(tag, d, caps, want="completed"):
         di = wait_status(dst, ends, 30, fail_on=())
         return si, di
     finally:
-        dst.stop()
-        guest.stop()
+        stop_all(dst, guest)
 
 
 @test
@@ -229,8 +228,7 @@ def test_sources_with_a_return_path_park():
         wait_status(dst, ("completed",), 30)
         check("return path: the destination says it is done" in src.log_text(), si)
     finally:
-        src.stop()
-        dst.stop()
+        stop_all(src, dst)
     resume_to_qemu(d, "rp-qmigd-resume")
 
 

@@ -22,7 +22,7 @@ from itest import test, main, check
 from fixtures import images, peers, MiB
 from postcopy_fake import rp, req_pages, req_pages_id, fake_run
 from runner import (Peer, Guest, start_incoming, wait_status, files_equal, make_image,
-                    remove, unique_name, free_port)
+                    remove, unique_name, free_port, stop_all)
 
 SIZE = 64 * MiB
 PC = [{"capability": "postcopy-ram", "state": True}, {"capability": "events", "state": True}]
@@ -185,8 +185,7 @@ def test_park_and_resume_by_postcopy():
             si, di = postcopy_run(g, park, bandwidth=4 * MiB, precopy_secs=0.5)
             check(di["parked"]["machine-type"] == "none", di)
         finally:
-            park.stop()
-            g.stop()
+            stop_all(park, g)
         before = snapshot(directory)
         src = Peer("qmigd", "source", [], "pc-resume", extra=["--ram-dir", directory])
         new = Peer("qemu", "dest", [("mem", out_img, SIZE)], "pc-new")
@@ -200,8 +199,7 @@ def test_park_and_resume_by_postcopy():
             check(si["ram"]["postcopy-bytes"] > SIZE // 4, si)  # most of RAM after the switch
             check(new.qmp.cmd("query-status")["status"] == "running")
         finally:
-            src.stop()
-            new.stop()
+            stop_all(src, new)
         check(files_equal(guest_img, out_img), "the resumed RAM is not the guest's")
         check(snapshot(directory) == before, "the parked VM's directory changed")
     finally:
@@ -272,8 +270,7 @@ def test_refusals_in_qemus_words():
                 check(q.errors == m.errors, f"{role}: QEMU {q.errors} qmigd {m.errors}")
                 print(f"  {role}: {m.errors}")
             finally:
-                q.stop()
-                m.stop()
+                stop_all(q, m)
 
 
 @test

@@ -20,7 +20,7 @@ import urllib.request
 from itest import test, main, check, skip
 from fixtures import images, MiB, NotifySocket
 from runner import (proc_status, free_port, Peer, QMIGD, migrate, wait_status, files_equal,
-                    unique_name, remove)
+                    unique_name, remove, stop_all)
 from qmp import QMPError
 
 SIZE = 32 * MiB
@@ -53,8 +53,7 @@ def test_confined_daemons_migrate_with_qemu_and_each_other():
                         check(modes == {"2"}, f"threads' seccomp modes {modes}")
                         check("forbidden system call" not in p.log_text(), p.log_text())
             finally:
-                src.stop()
-                dst.stop()
+                stop_all(src, dst)
 
 
 @test
@@ -79,8 +78,7 @@ def test_exec_refused_under_the_allow_list():
             migrate(src, dst, multifd=True, timeout=60)
             check(files_equal(src_img, dst_img), "images differ")
         finally:
-            src.stop()
-            dst.stop()
+            stop_all(src, dst)
 
 
 def exec_with_command(action, command):
@@ -119,10 +117,11 @@ def test_spawn_allowed_commands_are_confined_as_configured():
             wait_status(dst, ("completed",), 60)
             check(files_equal(src_img, dst_img), "images differ")
         finally:
-            src.stop()
-            dst.stop()
-            if os.path.exists(f):
-                os.unlink(f)
+            try:
+                stop_all(src, dst)
+            finally:
+                if os.path.exists(f):
+                    os.unlink(f)
     log, info = exec_with_command("kill", "nice -n 5 cat > /dev/null")
     check(info["status"] == "failed", info)
     # nice died of SIGSYS: its shell says so and exits 128 + 31
@@ -149,8 +148,7 @@ def park_as_nobody(imgs, park, tag, extra=(), before=None):
         check(files_equal(src_img, parked), "parked image differs")
         check(os.stat(parked).st_uid == pwd.getpwnam("nobody").pw_uid, "not nobody's")
     finally:
-        src.stop()
-        dst.stop()
+        stop_all(src, dst)
 
 
 @test
@@ -195,8 +193,7 @@ def test_runas_and_chroot():
                 migrate(src, dst, multifd=True, timeout=60)
                 check(files_equal(src_img, dst_img), "images differ")
             finally:
-                src.stop()
-                dst.stop()
+                stop_all(src, dst)
             park_as_nobody(imgs, park, "sbx-rp", ["--sandbox", "on"])
     finally:
         notify.close()
