@@ -13,6 +13,7 @@ import time
 from itest import test, main, check
 from fixtures import images, peers, MiB
 from runner import Peer, QMP, remove, unique_name, ROOT, start_incoming, make_image, wait_status
+from runner import stop_all
 
 SIZE = 16 * MiB
 
@@ -678,9 +679,10 @@ def walk_pair(role, size=SIZE):
             peers_.append(Peer("qmigd", other, [("mem", files[2 * i + 1], size)], f"walk-{kind}-peer"))
         yield peers_
     finally:
-        for p in peers_:
-            p.stop()
-        remove(*files)
+        try:
+            stop_all(*peers_)
+        finally:
+            remove(*files)
 
 
 def walk_source_states(diffs):

@@ -25,7 +25,7 @@ import tempfile
 import time
 
 from itest import test, main, check, skip
-from runner import Peer, migrate, wait_status, start_incoming, unique_name, QMIGD
+from runner import Peer, migrate, wait_status, start_incoming, unique_name, stop_all, QMIGD
 import linux_guest as lg
 
 WORK = tempfile.mkdtemp(prefix="qmigd-park-", dir="/dev/shm")
@@ -59,12 +59,6 @@ def with_return_path(*peers):
     for p in peers:
         p.qmp.cmd("migrate-set-capabilities",
                   capabilities=[{"capability": "return-path", "state": True}])
-
-
-def stop_all(*peers):
-    for p in peers:
-        if p:
-            p.stop()
 
 
 WORKING_SET = "working-set.bin"

@@ -223,8 +223,7 @@ def test_read_only_directory_sends_its_working_set_twice_at_once():
                 check(si["ram"]["x-working-set-pages"] >= 2, si["ram"])
                 check("resuming without recording" in srcs[i].log_text(), "no log line")
         finally:
-            for s in srcs:
-                s.stop()
+            stop_all(*srcs)
         after = sorted((n, os.stat(os.path.join(ro, n)).st_mtime_ns) for n in os.listdir(ro))
         check(after == before, "resuming changed the read-only directory")
     finally:
