@@ -273,6 +273,26 @@ def test_yank_unsticks_precopy_qemu_to_qmigd():
 
 
 @test
+def test_yank_fails_a_rate_limited_multifd_precopy_at_once():
+    """At 1 MiB/s the migration thread spends its time waiting for the
+    budget, with every multifd sender idle: the yank must end that wait
+    (QEMU 10's source fails in 0-0.11 s here), not leave it until the
+    budget would let the next write find the shut channel (18 s before)."""
+    with images(SIZE, "random") as imgs, peers("qmigd", "qmigd", imgs) as (s, d):
+        s.set_migration(True, 4, None, MiB)
+        d.set_migration(True, 4)
+        s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{start_incoming(d)}")
+        wait_status(s, ("active",), timeout=10)
+        time.sleep(0.5)
+        dt, info = yank_within(s, ("failed",), limit=3.0)
+        check(dt < 1.0, f"the source failed {dt:.2f} s after the yank")
+        check("is multifd on" not in info.get("error-desc", ""), info)
+        print(f"  rate-limited multifd source failed {dt * 1000:.0f} ms after its yank "
+              f"({info.get('error-desc')!r})")
+        good_run(s, imgs, d)
+
+
+@test
 def test_yank_pauses_postcopy_qmigd():
     yanked_postcopy("qmigd")
 
