@@ -16,9 +16,15 @@ ScratchFile::ScratchFile(const std::string &dir, const char *tag, size_t bytes) 
     uint64_t r = (uint64_t(rd()) << 32) | rd();
     path_ = fmt::format("{}/.qmigd-{}-{}-{:016x}", dir, tag, getpid(), r);
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd_ >= 0 && ftruncate(fd_, off_t(bytes)) < 0) {
+    if (fd_ < 0) {
+        return;
+    }
+    // Used only through the descriptor and its mappings: unlinked at once,
+    // so that a process killed mid-measurement (SIGTERM, kill -9) leaves
+    // nothing behind; its memory goes with the last reference.
+    unlink(path_.c_str());
+    if (ftruncate(fd_, off_t(bytes)) < 0) {
         ::close(fd_);
-        unlink(path_.c_str());
         fd_ = -1;
     }
 }
@@ -27,7 +33,6 @@ ScratchFile::~ScratchFile()
 {
     if (fd_ >= 0) {
         ::close(fd_);
-        unlink(path_.c_str());
     }
 }
 

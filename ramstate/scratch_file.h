@@ -1,7 +1,8 @@
 // A scratch file for measuring a file system (page paths, `qmigd limits`):
 // created new under a random name (O_EXCL, so nothing planted at that name,
-// a symbolic link included, is opened or truncated), sized, and removed
-// again by whoever created it.
+// a symbolic link included, is opened or truncated), unlinked at once (it
+// is used through its descriptor and mappings, so a process killed while
+// measuring leaves nothing behind), and sized.
 #pragma once
 
 #include <cstddef>

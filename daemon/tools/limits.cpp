@@ -182,10 +182,11 @@ struct FaultScale {
     double seconds = -1, cpu_seconds = -1;
 };
 
+constexpr size_t kFaultChunk = 512 * 1024;
+
+// `bytes`: a multiple of kFaultChunk.
 FaultScale fault_at_scale(const std::string &dir, size_t bytes, bool small)
 {
-    constexpr size_t kChunk = 512 * 1024;
-    bytes = (bytes + kChunk - 1) / kChunk * kChunk;
     ScratchFile f(dir, "limits", bytes);
     uint8_t *m = f.ok() ? f.map(PROT_READ | PROT_WRITE) : nullptr;
     if (!m) {
@@ -201,8 +202,8 @@ FaultScale fault_at_scale(const std::string &dir, size_t bytes, bool small)
     std::vector<std::thread> threads;
     for (unsigned w = 0; w < writers; w++) {
         threads.emplace_back([&, w] {
-            for (size_t o = w * kChunk; o < bytes && ok; o += writers * kChunk) {
-                if (madvise(m + o, kChunk, MADV_POPULATE_WRITE) != 0) {
+            for (size_t o = w * kFaultChunk; o < bytes && ok; o += writers * kFaultChunk) {
+                if (madvise(m + o, kFaultChunk, MADV_POPULATE_WRITE) != 0) {
                     ok = false;
                 }
             }
@@ -414,6 +415,8 @@ nlohmann::json measure_fault_scale(const std::string &dir, size_t bytes)
     nlohmann::json j;
     j["dir"] = dir;
     Backing b = backing_in(dir);
+    // Whole chunks, and what is reported is what was faulted.
+    bytes = (bytes + kFaultChunk - 1) / kFaultChunk * kFaultChunk;
     FaultScale f = fault_at_scale(dir, bytes, b.kind == BackingKind::TmpfsHuge);
     j["fault_bytes"] = bytes;
     j["fault_seconds"] = f.seconds;

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import subprocess
+import time
 
 from itest import test, main, check, skip
 from fixtures import run_cell, MiB
@@ -93,6 +94,21 @@ def test_limits_reports_this_machine():
     zero = subprocess.run([QMIGD, "limits", "--fault-bytes", "0"], capture_output=True,
                           text=True, timeout=30)
     check(zero.returncode != 0 and "--fault-bytes" in zero.stderr, zero.stderr)
+    # Faulted and reported in whole 512 KiB chunks.
+    f = json.loads(subprocess.run([QMIGD, "limits", "--fault-bytes", "4096"], capture_output=True,
+                                  text=True, timeout=60, check=True).stdout)
+    check(f["fault_bytes"] == 512 << 10, f)
+    # Killed mid-pass, it leaves no scratch file (a tmpfs would keep its memory).
+    import tempfile
+    d = tempfile.mkdtemp(prefix="qmigd-limits-", dir="/dev/shm")
+    try:
+        k = subprocess.Popen([QMIGD, "limits", "--dir", d, "--fault-bytes", str(1 << 30)])
+        time.sleep(0.2)
+        k.terminate()
+        k.wait(timeout=30)
+        check(os.listdir(d) == [], f"left behind by a killed limits: {os.listdir(d)}")
+    finally:
+        subprocess.run(["rm", "-rf", d])
 
 
 @test
