@@ -1,14 +1,18 @@
 // A parked VM's working set (DIR/working-set.bin): encoded, checked, written and read back.
 #include "daemon/park/working_set.h"
 
+#include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "protocol/qemu_format.h"
 #include "protocol/wire.h"
@@ -119,7 +123,11 @@ Status check_range(const WorkingSetRange &w, const ParkedBlock &b)
 
 } // namespace
 
-std::string working_set_path(const std::string &dir) { return dir + "/working-set.bin"; }
+namespace {
+constexpr const char *kWorkingSetFile = "working-set.bin";
+} // namespace
+
+std::string working_set_path(const std::string &dir) { return dir + "/" + kWorkingSetFile; }
 
 uint64_t working_set_pages(const std::vector<WorkingSetRange> &ranges)
 {
@@ -210,8 +218,44 @@ Result<std::vector<WorkingSetRange>> working_set_read(const ParkedVm &vm)
     return ranges;
 }
 
+namespace {
+
+// Removes the temporary files of earlier writes whose process is gone (one
+// killed between its write and its rename): their names carry the writer's
+// pid, so no later write would reuse and replace them, and on a tmpfs each
+// holds memory. A live writer's file (another resume of this directory,
+// this process's own) is left alone.
+void remove_stale_temporaries(const std::string &dir)
+{
+    const std::string prefix = std::string(kWorkingSetFile) + ".tmp.";
+    DIR *d = ::opendir(dir.c_str());
+    if (!d) {
+        return;
+    }
+    while (struct dirent *e = ::readdir(d)) {
+        std::string name = e->d_name;
+        if (name.compare(0, prefix.size(), prefix) != 0) {
+            continue;
+        }
+        char *end = nullptr;
+        long pid = std::strtol(name.c_str() + prefix.size(), &end, 10);
+        if (pid <= 0 || *end != '.' || pid == ::getpid() ||
+            ::kill(pid_t(pid), 0) == 0 || errno != ESRCH) {
+            continue;
+        }
+        if (::unlinkat(::dirfd(d), e->d_name, 0) == 0) {
+            spdlog::info("migration: removed '{}/{}', left by a resume that ended while "
+                         "writing its working set", dir, name);
+        }
+    }
+    ::closedir(d);
+}
+
+} // namespace
+
 Status working_set_write(const ParkedVm &vm, const std::vector<WorkingSetRange> &ranges)
 {
+    remove_stale_temporaries(vm.dir);
     std::vector<uint8_t> bytes = working_set_encode(vm.blocks, ranges);
     // What would not read back is never published.
     if (auto back = working_set_decode(bytes, vm.blocks); !back) {

@@ -103,7 +103,18 @@ def ws_ranges_in(directory):
 @test
 def test_second_resume_sends_the_first_ones_requests_first():
     d = copy_parked("twice")
+    # Temporaries of earlier writes: one whose writer is gone (killed
+    # before its rename) is removed by the next write; a live writer's is not.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = f"{WS_FILE}.tmp.{dead.pid}.0"
+    live = f"{WS_FILE}.tmp.{os.getpid()}.0"
+    for name in (stale, live):
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(b"half")
     pages, si, hmp, log = resume(d, "ws-first", ASKED)
+    check(stale not in os.listdir(d) and live in os.listdir(d), os.listdir(d))
+    os.unlink(os.path.join(d, live))
     check(si["ram"]["postcopy-requests"] == len(ASKED), si["ram"])
     check(si["ram"]["x-working-set-pages"] == 0, si["ram"])
     # While it records, the walk waits for the guest's requests to pause:
