@@ -141,10 +141,9 @@ int main(int argc, char **argv)
         ->check(CLI::Range(0, 600));
     uint64_t limits_fault_bytes = 0;
     limits->add_option("--fault-bytes", limits_fault_bytes,
-                       "only receive this many bytes over 4 loopback TCP streams into fresh "
-                       "pages in --dir, and fault as many alone from one thread per core; "
-                       "report the time and CPU of each (the least a destination receiving "
-                       "that much page data does)")
+                       "only fault this many bytes of fresh memory in --dir from one thread "
+                       "per core and report its time and CPU (what a destination receiving "
+                       "that much data pays to allocate it)")
         ->check(CLI::Range(uint64_t(1), uint64_t(1) << 40));
     CLI11_PARSE(app, argc, argv);
 

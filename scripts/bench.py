@@ -186,11 +186,11 @@ def measure_limits(directory):
 
 
 def fault_pass(directory, data_bytes, idle):
-    """What a destination cannot skip for a stream carrying `data_bytes` of
-    pages, after the same idle as the runs: receiving that much over
-    loopback TCP into fresh pages (and, beside it, the allocation alone).
-    It grows with the size (a paravirtualised host backs only part of the
-    guest's free memory), so it is measured beside each cell, not once."""
+    """The destination's page allocation alone, for a stream carrying
+    `data_bytes` of pages, after the same idle as the runs: the first touch
+    of that much fresh memory, one thread per core. It grows with the size
+    (a paravirtualised host backs only part of the guest's free memory), so
+    it is measured beside each cell rather than once."""
     time.sleep(idle)
     out = subprocess.run([QMIGD, "limits", "--dir", directory, "--fault-bytes",
                           str(max(int(data_bytes), 1 << 20))],
@@ -262,11 +262,9 @@ def run_backing(backing, size, args, results, limits):
                                 f = fault_pass(d, data, cell[5])
                                 FAULT_PASSES.setdefault(cell, []).append(f)
                                 save_json(args.json, results, limits)
-                                print(f"  {fmt_cell(cell)} run {r + 1} receive pass "
-                                      f"{data >> 20} MiB {f['receive_seconds']:7.3f} s  cpu "
-                                      f"{f['receive_cpu_seconds']:7.3f} s (allocation alone "
-                                      f"{f['fault_seconds']:.3f} s, cpu "
-                                      f"{f['fault_cpu_seconds']:.3f} s)", flush=True)
+                                print(f"  {fmt_cell(cell)} run {r + 1} fault pass "
+                                      f"{data >> 20} MiB {f['fault_seconds']:7.3f} s  cpu "
+                                      f"{f['fault_cpu_seconds']:7.3f} s", flush=True)
                 finally:
                     remove(src_img)
     except Unavailable as why:
@@ -302,16 +300,13 @@ def machine_bound(cell, runs, size, limits):
     destination -- is shared by the cores. TCP's rate and CPU per byte are
     measured between buffers of the guest's memory larger than the cache, as
     a migration meets them (`tcp_loopback_gbps`, `tcp_cpu_s_per_gib`: the
-    receive's copy into the page is in it). On a 4 KiB /dev/shm or a
-    huge-page tmpfs (faulted in 4 KiB, as QEMU's mapping does) TCP and the
-    allocation are measured together by the cell's own passes (`qmigd
-    limits --fault-bytes`: as much data as the stream's received over
-    4 loopback streams into fresh pages, each 512 KiB faulted in before
-    it is read into, after the same idle as the runs; the median of their
-    CPU), since the allocation's cost grows with the size on a
-    paravirtualised host and the two cost 30% more together than apart;
-    passes of older runs (the allocation alone) add to TCP's CPU; without
-    passes, the warm-memory figures (`pwrite_gbps`, `fault_ns`). On hugetlbfs the pool's
+    receive's copy into the page is in it). The allocation on a 4 KiB
+    /dev/shm or a huge-page tmpfs (faulted in 4 KiB, as QEMU's mapping
+    does) is the CPU of the cell's own fault passes (`qmigd limits
+    --fault-bytes`: as much fresh memory as the stream's data, after the
+    same idle, one thread per core; their median), since what it costs
+    grows with the size on a paravirtualised host; without them, the
+    warm-memory figures (`pwrite_gbps`, `fault_ns`). On hugetlbfs the pool's
     pages are backed: a fault that clears 2 MiB, `fault_ns` per 4 KiB of
     it, for every 2 MiB page that holds data (one data page in it is enough
     to allocate and clear it whole). Returns seconds, or None without
@@ -321,13 +316,8 @@ def machine_bound(cell, runs, size, limits):
         return None  # compressed or TLS: the bound is the cipher's or compressor's
     data = median(runs, "normal") * 4096
     wire = data / (lim["tcp_loopback_gbps"] * 1e9)
-    passes = FAULT_PASSES.get(cell) or []
-    if passes and all(f.get("receive_cpu_seconds", -1) > 0 for f in passes):
-        # TCP and the allocation measured together, as they meet.
-        rx = statistics.median(f["receive_cpu_seconds"] for f in passes)
-        return max(wire, (rx + size / (lim["zero_scan_gbps"] * 1e9)) / lim.get("cores", 2))
-    if passes:
-        store = statistics.median(f["fault_cpu_seconds"] for f in passes)
+    if FAULT_PASSES.get(cell):
+        store = statistics.median(f["fault_cpu_seconds"] for f in FAULT_PASSES[cell])
     elif cell[0] == "shm":
         store = data / (lim["pwrite_gbps"] * 1e9)
     elif cell[0] == "thp":  # each data page, faulted in 4 KiB
@@ -365,9 +355,8 @@ def bound_text(cell, ours, size, limits):
     if not b:
         return ""
     passes = FAULT_PASSES.get(cell)
-    key = "receive_seconds" if passes and "receive_seconds" in passes[0] else "fault_seconds"
-    what = "receive pass" if key == "receive_seconds" else "fault pass"
-    faults = (f"; {what} {statistics.median(f[key] for f in passes):.2f} s" if passes else "")
+    faults = (f"; fault pass {statistics.median(f['fault_seconds'] for f in passes):.2f} s"
+              if passes else "")
     return f"{b:.2f} ({median(ours, 'secs') / b:.2f}x{faults})"
 
 

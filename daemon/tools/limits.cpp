@@ -300,41 +300,10 @@ struct StreamBuffer {
     }
 };
 
-// Pages of a fresh file that a loopback test's receivers read into, as a
-// destination receives a migration: each 512 KiB piece faulted in
-// (MADV_POPULATE_WRITE) right before it is read into, stream i taking
-// every streams-th piece as multifd channels do. The two costs meet on the
-// same cores and memory: measured apart they add up to 30% less CPU than
-// together on the VM this was written on (allocating 4 GiB costs 3.0 us a
-// page alone, 4.1 us while a loopback stream runs).
-struct FreshTarget {
-    uint8_t *base = nullptr;
-    size_t bytes = 0; // a multiple of streams * kFaultChunk
-};
-
-// Reads stream i's pieces into `into`; false if a fault-in or a read failed.
-bool receive_into(int fd, const FreshTarget &into, int i, int streams)
-{
-    for (size_t o = size_t(i) * kFaultChunk; o < into.bytes; o += size_t(streams) * kFaultChunk) {
-        if (madvise(into.base + o, kFaultChunk, MADV_POPULATE_WRITE) != 0) {
-            return false;
-        }
-        for (size_t got = 0; got < kFaultChunk;) {
-            ssize_t n = read(fd, into.base + o + got, kFaultChunk - got);
-            if (n <= 0) {
-                return false;
-            }
-            got += size_t(n);
-        }
-    }
-    return true;
-}
-
 // 4 streams over loopback, 1 MiB writes, `bytes` in all, between the
-// buffers `mem` gives (or into `into`'s fresh pages): GB/s, and CPU seconds
-// per GiB (sender and receiver are both in this process); -1s if it failed.
-std::pair<double, double> loopback_tcp(size_t bytes, int streams, const TcpMemory &mem,
-                                       const FreshTarget *into = nullptr)
+// buffers `mem` gives: GB/s, and CPU seconds per GiB (sender and receiver
+// are both in this process).
+std::pair<double, double> loopback_tcp(size_t bytes, int streams, const TcpMemory &mem)
 {
     if (!mem.ok()) {
         return {-1, -1};
@@ -354,7 +323,6 @@ std::pair<double, double> loopback_tcp(size_t bytes, int streams, const TcpMemor
     }
     const size_t chunk = 1 << 20, per = bytes / size_t(streams);
     std::vector<std::thread> threads;
-    std::atomic<bool> failed{false};
     double c0 = cpu_seconds();
     auto t0 = Clock::now();
     for (int i = 0; i < streams; i++) {
@@ -363,8 +331,7 @@ std::pair<double, double> loopback_tcp(size_t bytes, int streams, const TcpMemor
             if (connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)) == 0) {
                 StreamBuffer b(mem, i, 2 * streams, chunk);
                 for (size_t sent = 0; sent < per;) {
-                    // No SIGPIPE when a receiver that failed shut its end.
-                    ssize_t n = send(fd, b.next(chunk), std::min(chunk, per - sent), MSG_NOSIGNAL);
+                    ssize_t n = write(fd, b.next(chunk), chunk);
                     if (n <= 0) {
                         break;
                     }
@@ -375,15 +342,8 @@ std::pair<double, double> loopback_tcp(size_t bytes, int streams, const TcpMemor
         });
         int cfd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
         threads.emplace_back([&, cfd, i] {
-            if (into) {
-                if (!receive_into(cfd, *into, i, streams)) {
-                    failed = true;
-                }
-                ::shutdown(cfd, SHUT_RDWR); // a sender still writing stops
-            } else {
-                StreamBuffer b(mem, streams + i, 2 * streams, chunk);
-                while (read(cfd, b.next(chunk), chunk) > 0) {
-                }
+            StreamBuffer b(mem, streams + i, 2 * streams, chunk);
+            while (read(cfd, b.next(chunk), chunk) > 0) {
             }
             ::close(cfd);
         });
@@ -393,32 +353,7 @@ std::pair<double, double> loopback_tcp(size_t bytes, int streams, const TcpMemor
     }
     double s = seconds_since(t0), cpu = cpu_seconds() - c0;
     ::close(lfd);
-    if (failed) {
-        return {-1, -1};
-    }
     return {double(bytes) / s / 1e9, cpu / (double(bytes) / double(1 << 30))};
-}
-
-// `bytes` received over loopback TCP (`streams` streams, from 256 MiB of
-// guest-like memory) into a fresh file's pages: the least a destination
-// does with a stream of that much page data, both costs at once.
-FaultScale receive_at_scale(const std::string &dir, size_t bytes, int streams, bool small)
-{
-    ScratchFile f(dir, "limits", bytes);
-    uint8_t *m = f.ok() ? f.map(PROT_READ | PROT_WRITE) : nullptr;
-    if (!m) {
-        return {};
-    }
-    if (small) {
-        (void)madvise(m, bytes, MADV_NOHUGEPAGE);
-    }
-    FreshTarget into{m, bytes};
-    auto [gbps, cpu_per_gib] = loopback_tcp(bytes, streams, TcpMemory(dir, 256 << 20), &into);
-    munmap(m, bytes);
-    if (gbps <= 0) {
-        return {};
-    }
-    return {double(bytes) / gbps / 1e9, cpu_per_gib * double(bytes) / double(1 << 30)};
 }
 
 // The backing of `dir`'s file system (a default Backing if it cannot tell).
@@ -480,16 +415,9 @@ nlohmann::json measure_fault_scale(const std::string &dir, size_t bytes)
     nlohmann::json j;
     j["dir"] = dir;
     Backing b = backing_in(dir);
-    bool small = b.kind == BackingKind::TmpfsHuge;
-    // Whole pieces for every stream, and what is reported is what was faulted.
-    constexpr int kStreams = 4;
-    constexpr size_t kRound = kStreams * kFaultChunk;
-    bytes = (bytes + kRound - 1) / kRound * kRound;
-    FaultScale rx = receive_at_scale(dir, bytes, kStreams, small);
-    j["receive_seconds"] = rx.seconds;
-    j["receive_cpu_seconds"] = rx.cpu_seconds;
-    j["receive_streams"] = kStreams;
-    FaultScale f = fault_at_scale(dir, bytes, small);
+    // Whole chunks, and what is reported is what was faulted.
+    bytes = (bytes + kFaultChunk - 1) / kFaultChunk * kFaultChunk;
+    FaultScale f = fault_at_scale(dir, bytes, b.kind == BackingKind::TmpfsHuge);
     j["fault_bytes"] = bytes;
     j["fault_seconds"] = f.seconds;
     j["fault_cpu_seconds"] = f.cpu_seconds;

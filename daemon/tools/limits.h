@@ -16,12 +16,10 @@ namespace qmigd {
 // long (fault_idle_ns_per_page; -1 when idle_s is 0).
 nlohmann::json measure_limits(const std::string &dir, unsigned idle_s);
 
-// Only a destination's unavoidable work for `bytes` of page data
-// (`qmigd limits --fault-bytes`): receiving it over 4 loopback TCP streams
-// into fresh pages of a file in `dir`, and, beside it, the first touch of
-// as much fresh memory alone from one thread per core. On a
-// paravirtualised host both grow with the size, and the two costs meet on
-// the same cores (scripts/bench.py runs it beside each cell).
+// Only the first touch of `bytes` of fresh memory in `dir`, from one thread
+// per core (`qmigd limits --fault-bytes`): what a destination that receives
+// that much page data pays to allocate it, which on a paravirtualised host
+// grows with the size (scripts/bench.py runs it beside each cell).
 nlohmann::json measure_fault_scale(const std::string &dir, size_t bytes);
 
 } // namespace qmigd

@@ -89,16 +89,15 @@ def test_limits_reports_this_machine():
                                    str(32 << 20)], capture_output=True, text=True, timeout=120,
                                   check=True).stdout)
     check(f["fault_bytes"] == 32 << 20 and f["threads"] >= 1, f)
-    check(f["receive_seconds"] > 0 and f["receive_cpu_seconds"] > 0, f)
     check(f["fault_seconds"] > 0 and f["fault_cpu_seconds"] > 0
           and abs(f["fault_cpu_ns_per_page"] - f["fault_cpu_seconds"] * 1e9 / (8 << 10)) < 1, f)
     zero = subprocess.run([QMIGD, "limits", "--fault-bytes", "0"], capture_output=True,
                           text=True, timeout=30)
     check(zero.returncode != 0 and "--fault-bytes" in zero.stderr, zero.stderr)
-    # Faulted and reported in whole 512 KiB pieces, as many for each stream.
+    # Faulted and reported in whole 512 KiB chunks.
     f = json.loads(subprocess.run([QMIGD, "limits", "--fault-bytes", "4096"], capture_output=True,
                                   text=True, timeout=60, check=True).stdout)
-    check(f["fault_bytes"] == 2 << 20, f)  # 512 KiB for each of 4 streams
+    check(f["fault_bytes"] == 512 << 10, f)
     # Killed mid-pass, it leaves no scratch file (a tmpfs would keep its memory).
     import tempfile
     d = tempfile.mkdtemp(prefix="qmigd-limits-", dir="/dev/shm")
@@ -143,7 +142,6 @@ def test_limits_on_a_small_tmpfs_and_planted_links():
         check(r.returncode == 0, f"--fault-bytes on a small tmpfs: {r.returncode} {r.stderr}")
         f = json.loads(r.stdout)
         check(f["fault_seconds"] == -1 and f["fault_cpu_ns_per_page"] == -1, f)
-        check(f["receive_seconds"] == -1, f)
         with open(victim, "rb") as f:
             check(f.read() == b"precious", "a planted link was followed")
         left = [n for n in os.listdir(mnt) if n.startswith(".qmigd-") and
