@@ -160,10 +160,13 @@ Status MigrationThread::rate_limit_wait()
     // Sleep in small steps until the budget catches up, so cancel and
     // bandwidth changes take effect quickly.
     // A destination's page request goes before the limit: its guest waits.
-    // So does a channel that broke or was yanked: the thread goes on to the
-    // write that fails (QEMU's multifd error wakes its rate limit too), not
-    // seconds later when the budget would allow it at a low max-bandwidth.
-    while (over_rate() && !(in_postcopy_ && requests_->pending()) && !shared_.yanked) {
+    // So does a precopy channel that broke or was yanked: the thread goes on
+    // to the write that fails (QEMU's multifd error wakes its rate limit
+    // too), not seconds later when the budget would allow it at a low
+    // max-bandwidth. (In postcopy a yank breaks the return path, which
+    // check_cancel() sees; the flag stays set through the recovery after.)
+    while (over_rate() && !(in_postcopy_ && requests_->pending()) &&
+           !(!in_postcopy_ && shared_.yanked)) {
         QMIGD_TRY(check_cancel());
         if (multifd_) {
             QMIGD_TRY(multifd_->error());
