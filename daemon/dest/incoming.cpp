@@ -55,11 +55,15 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     if (params.postcopy_preempt && params.tls.enabled()) {
         return Error("qmigd: a destination takes postcopy-preempt without TLS only");
     }
+    UniqueFd park_lock;
     if (!params.park_dir.empty()) {
         QMIGD_TRY(park_dir_check(params.park_dir));
         if (params.mapped_ram) {
             return Error("A VM cannot be parked from a mapped-ram file");
         }
+        auto lock = park_dir_lock(params.park_dir);
+        QMIGD_TRY(lock);
+        park_lock = std::move(*lock);
     }
     // An attempt left by a migrate-incoming that failed to start (no
     // threads: finish() drops any other once they are joined) goes.
@@ -69,6 +73,7 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     params_ = params;
     outcome_ = Outcome{};
     run_ = std::make_shared<IncomingAttempt>(static_cast<IncomingOwner &>(*this), params_, blocks_);
+    run_->claim_park_dir(std::move(park_lock));
     // A mapped-ram file has no channels to accept: its readers are threads.
     bool sockets = addr.transport == MigrationAddress::Transport::Socket;
     run_->expect_multifd(params.multifd && sockets ? params.channels : 0);

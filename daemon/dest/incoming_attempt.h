@@ -88,6 +88,9 @@ public:
     // Loop thread, before start_load(): the channels as they come.
     // `slots`: how many multifd channels to wait for (0: none).
     void expect_multifd(size_t slots) { multifd_.resize(slots); }
+    // Loop thread, before the attempt starts: the park directory's lock
+    // (park_dir_lock()), held until the attempt is destroyed.
+    void claim_park_dir(UniqueFd lock) { park_lock_ = std::move(lock); }
     size_t multifd_expected() const { return multifd_.size(); }
     size_t multifd_arrived() const;
     // Refused when channel `id` is there already (`ch` stays the caller's).
@@ -179,6 +182,7 @@ private:
 
     IncomingOwner &owner_;
     const IncomingParams params_; // set at construction, read-only
+    UniqueFd park_lock_;          // claim_park_dir(); not touched after
     std::vector<RAMBlock> &blocks_;
 
     // Loop thread only: migrate_cancel came (finish() reports `cancelled`).

@@ -12,6 +12,9 @@ namespace qmigd {
 
 Status IncomingAttempt::park_announce(const std::vector<RamBlockDesc> &descs)
 {
+    // Nothing is deleted in a directory that a VM was parked in since
+    // migrate-incoming checked it (another process that took no lock).
+    QMIGD_TRY(park_dir_unclaimed(params_.park_dir));
     std::vector<RAMBlock> made;
     for (size_t i = 0; i < descs.size(); i++) {
         RamBlockSpec spec;

@@ -2,6 +2,7 @@
 #include "daemon/park/parked_vm.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -351,10 +352,32 @@ Status park_dir_check(const std::string &dir)
     if (!S_ISDIR(st.st_mode)) {
         return Error(fmt::format("'{}' is not a directory", dir));
     }
+    QMIGD_TRY(park_dir_unclaimed(dir));
+    return park_dir_probe(dir);
+}
+
+Status park_dir_unclaimed(const std::string &dir)
+{
+    struct stat st;
     if (::lstat(record_path(dir).c_str(), &st) == 0) {
         return Error(fmt::format("'{}' already holds a parked VM", dir));
     }
-    return park_dir_probe(dir);
+    return {};
+}
+
+Result<UniqueFd> park_dir_lock(const std::string &dir)
+{
+    UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd) {
+        return file_error("Could not open", dir, errno);
+    }
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+        if (errno == EWOULDBLOCK) {
+            return Error(fmt::format("'{}' is being parked into by another migration", dir));
+        }
+        return file_error("Could not lock", dir, errno);
+    }
+    return fd;
 }
 
 Status parked_dir_sync(const std::string &dir)

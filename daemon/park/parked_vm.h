@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/io/unique_fd.h"
 #include "daemon/ram_blocks.h"
 #include "protocol/error.h"
 #include "protocol/qemu_format.h"
@@ -58,6 +59,15 @@ std::string parked_block_path(const std::string &dir, size_t index, const std::s
 // (0700) when it does not exist yet, where a file can be written, synced
 // and renamed as a park writes its own (hugetlbfs cannot).
 Status park_dir_check(const std::string &dir);
+// DIR claimed for one park (flock on the directory itself, released with
+// the descriptor, a dead process's included): another park into it is
+// refused while this one runs, so that no two parks delete or overwrite
+// each other's files. Refused at once if another process holds it.
+Result<UniqueFd> park_dir_lock(const std::string &dir);
+// Still no parked VM in DIR (checked again as a park announces its blocks,
+// before it deletes anything there: a directory can be parked into by a
+// park that began after this one's check).
+Status park_dir_unclaimed(const std::string &dir);
 // Writes device-state.bin, then vm.json, each synced before its rename,
 // syncing the directory after each. The images are in place and synced.
 // Refuses, before writing anything, a VM whose record would not read back

@@ -23,6 +23,7 @@ import time
 
 from itest import test, main, check, skip, cleanup
 from fixtures import resume_parked_to_qemu
+from qmp import QMPError
 from runner import (Peer, migrate, wait_status, start_incoming, unique_name, make_image,
                     files_equal, remove, stop_all, QMIGD, log_file)
 
@@ -389,6 +390,41 @@ def test_kill_9_at_random_points_of_a_park():
     print(f"  10 parks killed: {outcomes['none']} left no vm.json, {outcomes['whole']} a whole VM")
     park(d, "after-kills")
     resume_to_qemu(d, "after-kills")
+
+
+@test
+def test_one_park_at_a_time_into_a_directory():
+    """A directory is claimed by the park that listens for it first: a
+    second destination's migrate-incoming into it is refused while the
+    first runs (its source keeps its VM), the claim ends with its
+    destination, and a destination started before a VM was parked there
+    does not park over it later."""
+    d = new_dir("claimed")
+    first = Peer("qmigd", "dest", [], "claim-1", extra=["--ram-dir", d])
+    second = Peer("qmigd", "dest", [], "claim-2", extra=["--ram-dir", d])
+    late = Peer("qmigd", "dest", [], "claim-3", extra=["--ram-dir", d])
+    guest = qemu_guest("claim-guest")
+    try:
+        start_incoming(first)
+        try:
+            start_incoming(second)
+            check(False, "a second park into a claimed directory was taken")
+        except QMPError as e:
+            check("is being parked into by another migration" in str(e), str(e))
+        first.stop()
+        # The claim went with the first destination: the second parks.
+        si, di, _ = migrate(guest, second, False, 1, "legacy", events=True)
+        check(si["status"] == "completed" and di["status"] == "completed", (si, di))
+        before = snapshot(d)
+        try:
+            start_incoming(late)
+            check(False, "a park over a parked VM was taken")
+        except QMPError as e:
+            check("already holds a parked VM" in str(e), str(e))
+        check(snapshot(d) == before, "the parked VM changed")
+    finally:
+        stop_all(guest, late, second, first)
+    resume_to_qemu(d, "claimed")
 
 
 @cleanup
