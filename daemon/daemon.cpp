@@ -368,6 +368,15 @@ Status Daemon::start_incoming_option(const Result<MigrationAddress> &addr)
 
 Status Daemon::start()
 {
+    Status st = start_steps();
+    if (!st) {
+        ram_blocks_remove_created(blocks_);
+    }
+    return st;
+}
+
+Status Daemon::start_steps()
+{
     raise_fd_limit();
     SandboxOptions sandbox;
     QMIGD_TRY(sandbox_parse(opts_.sandbox, &sandbox));

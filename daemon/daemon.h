@@ -64,7 +64,9 @@ public:
     Status run();
 
 private:
+    // start_steps(), and on a failure the image files it created removed.
     Status start();
+    Status start_steps();
     Status open_ram();
     void register_commands();
     void register_migration_commands();

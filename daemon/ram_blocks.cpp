@@ -1,6 +1,8 @@
 // --ram NAME=FILE[,size=,dirty=]: parsing the option and opening each block's image.
 #include "daemon/ram_blocks.h"
 
+#include <unistd.h>
+
 #include <sstream>
 
 #include <spdlog/spdlog.h>
@@ -108,7 +110,12 @@ Result<RAMBlock> ram_block_open(const RamBlockSpec &spec, bool with_dirty_bitmap
                          spec.name, dirty.path, b.image->backing().name());
         }
         auto bm = DirtyBitmap::open(dirty.path, b.image->pages(), dirty.name);
-        QMIGD_TRY(bm);
+        if (!bm) {
+            if (b.image->created()) {
+                ::unlink(b.image->path().c_str());
+            }
+            return bm.error();
+        }
         b.dirty = std::move(*bm);
     }
     return b;
@@ -120,17 +127,33 @@ Result<std::vector<RAMBlock>> ram_blocks_open(const std::vector<std::string> &sp
     std::vector<RAMBlock> blocks;
     for (const auto &text : specs) {
         auto spec = ram_block_spec_parse(text);
-        QMIGD_TRY(spec);
+        if (!spec) {
+            ram_blocks_remove_created(blocks);
+            return spec.error();
+        }
         for (const auto &b : blocks) {
             if (b.desc.idstr == spec->name) {
+                ram_blocks_remove_created(blocks);
                 return Error("--ram: duplicate RAM block name '" + spec->name + "'");
             }
         }
         auto b = ram_block_open(*spec, with_dirty_bitmap, mode);
-        QMIGD_TRY(b);
+        if (!b) {
+            ram_blocks_remove_created(blocks);
+            return b.error();
+        }
         blocks.push_back(std::move(*b));
     }
     return blocks;
+}
+
+void ram_blocks_remove_created(const std::vector<RAMBlock> &blocks)
+{
+    for (const auto &b : blocks) {
+        if (b.image && b.image->created()) {
+            ::unlink(b.image->path().c_str());
+        }
+    }
 }
 
 std::vector<RamBlockDesc> ram_block_descs(const std::vector<RAMBlock> &blocks)

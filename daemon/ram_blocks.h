@@ -38,6 +38,9 @@ Result<RAMBlock> ram_block_open(const RamBlockSpec &spec, bool with_dirty_bitmap
 Result<std::vector<RAMBlock>> ram_blocks_open(const std::vector<std::string> &specs,
                                               bool with_dirty_bitmap,
                                               PagePathMode mode = PagePathMode::Auto);
+// Removes the image files these blocks' opens created: a start that fails
+// after opening them leaves no file it made behind.
+void ram_blocks_remove_created(const std::vector<RAMBlock> &blocks);
 std::vector<RamBlockDesc> ram_block_descs(const std::vector<RAMBlock> &blocks);
 // QEMU's size syntax (monitor/qemu_size.h): 123, 4K, 1.5M, 0x100000; binary units.
 bool parse_size(const std::string &text, uint64_t *out);

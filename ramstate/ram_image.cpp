@@ -72,6 +72,7 @@ Result<std::unique_ptr<RamImage>> RamImage::open(const std::string &path, uint64
     if (!r.ok()) {
         return r.error();
     }
+    img->created_ = created;
     return img;
 }
 

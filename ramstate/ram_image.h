@@ -45,6 +45,9 @@ public:
     uint64_t pages() const { return size_ >> TARGET_PAGE_BITS; }
     uint8_t *host(uint64_t offset) const { return base_ + offset; }
     const std::string &path() const { return path_; }
+    // This open created the file (it was not there): a start that fails
+    // after it removes the file again (ram_blocks_remove_created()).
+    bool created() const { return created_; }
     const Backing &backing() const { return backing_; }
     const PagePaths &page_paths() const { return paths_; }
     // Before any migration uses the image.
@@ -115,6 +118,7 @@ private:
 
     std::string path_;
     int fd_ = -1;
+    bool created_ = false;
     uint8_t *base_ = nullptr;
     uint64_t size_ = 0;
     Backing backing_;

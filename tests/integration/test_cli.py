@@ -67,6 +67,31 @@ def test_ram_sizes_in_qemu_syntax():
     check(not os.path.exists(img), "an image was made for a bad size")
 
 
+@test
+def test_a_failed_start_removes_the_images_it_created():
+    """A start that fails after its RAM images are open (a second --ram
+    that cannot be made, --runas, --metrics, --qmp in a missing directory)
+    removes the image files it created, and keeps one that was there."""
+    img = f"/dev/shm/{unique_name('failed-start')}.ram"
+    kept = f"/dev/shm/{unique_name('failed-start-kept')}.ram"
+    try:
+        make_image(kept, 16 << 20, "random")
+        for bad in (["--ram", "m2=/nonexistent/qmigd/y,size=16M"],
+                    ["--runas", "qmigd-no-such-user"],
+                    ["--metrics", "127.0.0.1:99999"]):
+            r = run([QMIGD, "dest", "--qmp", f"/tmp/{unique_name('fs')}.qmp",
+                     "--ram", f"mem={img},size=64M", "--ram", f"old={kept},size=16M", *bad])
+            check(r.returncode != 0, f"{bad}: started")
+            check(not os.path.exists(img), f"{bad}: the image it created was left behind")
+            check(os.path.getsize(kept) == 16 << 20, f"{bad}: an image that was there went")
+        r = run([QMIGD, "dest", "--qmp", "/nonexistent/qmigd/x.qmp", "--ram",
+                 f"mem={img},size=64M"])
+        check(r.returncode != 0 and not os.path.exists(img), "bad --qmp: image left behind")
+    finally:
+        remove(img)
+        remove(kept)
+
+
 def pair(size):
     s_img, d_img = (f"/dev/shm/{unique_name(t)}.ram" for t in ("cli-src", "cli-dst"))
     make_image(s_img, size, "random")
