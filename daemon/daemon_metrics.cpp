@@ -2,6 +2,7 @@
 // loop thread (daemon/service/metrics_server.h serves it).
 #include "daemon/daemon.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -81,6 +82,26 @@ std::string Daemon::metrics_text() const
     return prometheus_metrics(in);
 }
 
+namespace {
+
+// Idle scrapers must not take the descriptors the monitor and a migration
+// need: under a low RLIMIT_NOFILE the connection cap leaves room for a
+// listener's strangers (ListenerLimits::max_pending), the channels, the
+// monitor's clients and the images.
+MetricsLimits metrics_limits()
+{
+    MetricsLimits limits;
+    constexpr uint64_t kReserved = 256 + 128;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+        uint64_t room = rl.rlim_cur > kReserved + 16 ? rl.rlim_cur - kReserved : 16;
+        limits.connections = unsigned(std::min<uint64_t>(limits.connections, room));
+    }
+    return limits;
+}
+
+} // namespace
+
 Status Daemon::start_metrics()
 {
     if (opts_.metrics.empty()) {
@@ -92,8 +113,10 @@ Status Daemon::start_metrics()
         spdlog::warn("metrics: /proc/self/status: {}: the process figures read 0",
                      std::strerror(errno));
     }
-    metrics_ = std::make_unique<MetricsServer>(*dispatcher_, [this] { return metrics_text(); });
+    metrics_ = std::make_unique<MetricsServer>(*dispatcher_, [this] { return metrics_text(); },
+                                               metrics_limits());
     return metrics_->start(opts_.metrics);
 }
+
 
 } // namespace qmigd

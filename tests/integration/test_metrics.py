@@ -19,6 +19,7 @@ from itest import test, main, check, skip
 from fixtures import images, MiB
 from runner import (Peer, QMIGD, free_port, start_incoming, wait_status, files_equal, end_process,
                     migrate, unique_name, stop_all)
+from qmp import QMP
 
 SIZE = 64 * MiB
 
@@ -224,6 +225,47 @@ def test_bad_metrics_addresses_refused():
                 check(r.returncode == 1 and want in r.stderr, (addr, r.returncode, r.stderr))
         finally:
             holder.close()
+
+
+@test
+def test_idle_scrapers_leave_descriptors_for_the_monitor():
+    """Under a hard RLIMIT_NOFILE of 256 (below the 512 connections the
+    endpoint takes by default) a crowd of idle HTTP clients must not take
+    every descriptor: the monitor still answers and migrate-incoming still
+    listens, at once, not after the clients' deadline."""
+    import resource
+    import socket
+    d = tempfile.mkdtemp(prefix="qmigd-metrics-fds-", dir="/dev/shm")
+    port, qmp_path = free_port(), os.path.join(d, "d.qmp")
+
+    def low_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+    p = subprocess.Popen([QMIGD, "dest", "--qmp", qmp_path, "--ram",
+                          f"mem={os.path.join(d, 'd.ram')},size=16M",
+                          "--metrics", f"127.0.0.1:{port}"], preexec_fn=low_limit,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    socks = []
+    try:
+        QMP(qmp_path, timeout=10, startup=30).close()
+        for _ in range(300):
+            try:
+                socks.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+            except OSError:
+                break
+        time.sleep(0.5)
+        q = QMP(qmp_path, timeout=3, startup=3)
+        check(q.cmd("query-status")["status"] == "inmigrate", "monitor")
+        q.cmd("migrate-incoming", uri="tcp:127.0.0.1:0")
+        check(q.cmd("query-migrate")["status"] == "setup", "migrate-incoming")
+        q.close()
+        print(f"  {len(socks)} idle scrapers; the daemon holds "
+              f"{len(os.listdir(f'/proc/{p.pid}/fd'))} descriptors of 256")
+    finally:
+        for c in socks:
+            c.close()
+        p.terminate()
+        p.wait(10)
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @test
