@@ -19,6 +19,22 @@ namespace qmigd {
 
 namespace {
 
+// Idle scrapers must not take the descriptors the monitor and a migration
+// need: under a low RLIMIT_NOFILE the connection cap leaves room for a
+// listener's strangers (ListenerLimits::max_pending), the channels, the
+// monitor's clients and the images.
+MetricsLimits metrics_limits()
+{
+    MetricsLimits limits;
+    constexpr uint64_t kReserved = 256 + 128;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+        uint64_t room = rl.rlim_cur > kReserved + 16 ? rl.rlim_cur - kReserved : 16;
+        limits.connections = unsigned(std::min<uint64_t>(limits.connections, room));
+    }
+    return limits;
+}
+
 // VmRSS and Threads of /proc/self/status, read through a descriptor opened
 // at start: after --chroot there is no /proc to open, and after --runas
 // the process may not be allowed to.
@@ -82,26 +98,6 @@ std::string Daemon::metrics_text() const
     return prometheus_metrics(in);
 }
 
-namespace {
-
-// Idle scrapers must not take the descriptors the monitor and a migration
-// need: under a low RLIMIT_NOFILE the connection cap leaves room for a
-// listener's strangers (ListenerLimits::max_pending), the channels, the
-// monitor's clients and the images.
-MetricsLimits metrics_limits()
-{
-    MetricsLimits limits;
-    constexpr uint64_t kReserved = 256 + 128;
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
-        uint64_t room = rl.rlim_cur > kReserved + 16 ? rl.rlim_cur - kReserved : 16;
-        limits.connections = unsigned(std::min<uint64_t>(limits.connections, room));
-    }
-    return limits;
-}
-
-} // namespace
-
 Status Daemon::start_metrics()
 {
     if (opts_.metrics.empty()) {
@@ -117,6 +113,5 @@ Status Daemon::start_metrics()
                                                metrics_limits());
     return metrics_->start(opts_.metrics);
 }
-
 
 } // namespace qmigd

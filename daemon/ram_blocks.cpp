@@ -121,28 +121,36 @@ Result<RAMBlock> ram_block_open(const RamBlockSpec &spec, bool with_dirty_bitmap
     return b;
 }
 
-Result<std::vector<RAMBlock>> ram_blocks_open(const std::vector<std::string> &specs,
-                                              bool with_dirty_bitmap, PagePathMode mode)
+namespace {
+
+// Appends each spec's block to `blocks`, in order, until one fails.
+Status open_each(const std::vector<std::string> &specs, bool with_dirty_bitmap,
+                 PagePathMode mode, std::vector<RAMBlock> &blocks)
 {
-    std::vector<RAMBlock> blocks;
     for (const auto &text : specs) {
         auto spec = ram_block_spec_parse(text);
-        if (!spec) {
-            ram_blocks_remove_created(blocks);
-            return spec.error();
-        }
+        QMIGD_TRY(spec);
         for (const auto &b : blocks) {
             if (b.desc.idstr == spec->name) {
-                ram_blocks_remove_created(blocks);
                 return Error("--ram: duplicate RAM block name '" + spec->name + "'");
             }
         }
         auto b = ram_block_open(*spec, with_dirty_bitmap, mode);
-        if (!b) {
-            ram_blocks_remove_created(blocks);
-            return b.error();
-        }
+        QMIGD_TRY(b);
         blocks.push_back(std::move(*b));
+    }
+    return {};
+}
+
+} // namespace
+
+Result<std::vector<RAMBlock>> ram_blocks_open(const std::vector<std::string> &specs,
+                                              bool with_dirty_bitmap, PagePathMode mode)
+{
+    std::vector<RAMBlock> blocks;
+    if (Status st = open_each(specs, with_dirty_bitmap, mode, blocks); !st) {
+        ram_blocks_remove_created(blocks); // the blocks opened before the one that failed
+        return st.error();
     }
     return blocks;
 }

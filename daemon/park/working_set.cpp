@@ -121,10 +121,8 @@ Status check_range(const WorkingSetRange &w, const ParkedBlock &b)
     return {};
 }
 
-} // namespace
-
-namespace {
 constexpr const char *kWorkingSetFile = "working-set.bin";
+
 } // namespace
 
 std::string working_set_path(const std::string &dir) { return dir + "/" + kWorkingSetFile; }

@@ -117,19 +117,25 @@ bool touch_pages(uint8_t *m, size_t bytes)
     return ok;
 }
 
+// A shared mapping of all of `f`, or nullptr. On a huge-page tmpfs it
+// faults 4 KiB pages, as a RAM image's does (`small`: RamImage::init).
+uint8_t *fresh_mapping(const ScratchFile &f, bool small)
+{
+    uint8_t *m = f.ok() ? f.map(PROT_READ | PROT_WRITE) : nullptr;
+    if (m && small) {
+        (void)madvise(m, f.bytes(), MADV_NOHUGEPAGE);
+    }
+    return m;
+}
+
 // First write into each page of a fresh shared mapping of a fresh file:
-// what a receiver that writes through the mapping pays per page. On a
-// huge-page tmpfs the mapping faults 4 KiB pages, as a RAM image's does
-// (`small`: RamImage::init).
+// what a receiver that writes through the mapping pays per page.
 double fault_pass_ns(const std::string &dir, size_t bytes, bool small)
 {
     ScratchFile f(dir, "limits", bytes);
-    uint8_t *m = f.ok() ? f.map(PROT_READ | PROT_WRITE) : nullptr;
+    uint8_t *m = fresh_mapping(f, small);
     if (!m) {
         return -1;
-    }
-    if (small) {
-        (void)madvise(m, bytes, MADV_NOHUGEPAGE);
     }
     auto t0 = Clock::now();
     bool ok = touch_pages(m, bytes);
@@ -188,12 +194,9 @@ constexpr size_t kFaultChunk = 512 * 1024;
 FaultScale fault_at_scale(const std::string &dir, size_t bytes, bool small)
 {
     ScratchFile f(dir, "limits", bytes);
-    uint8_t *m = f.ok() ? f.map(PROT_READ | PROT_WRITE) : nullptr;
+    uint8_t *m = fresh_mapping(f, small);
     if (!m) {
         return {};
-    }
-    if (small) {
-        (void)madvise(m, bytes, MADV_NOHUGEPAGE);
     }
     unsigned writers = std::max(1u, std::thread::hardware_concurrency());
     std::atomic<bool> ok{true};
