@@ -24,8 +24,9 @@ void add_common(CLI::App *cmd, DaemonOptions &o, std::string &uuid, std::string 
                     "ms without acknowledgement before a migration channel counts as dead "
                     "(default 30000; 0 = as long as the kernel retransmits)");
     cmd->add_option("--page-path", page_path,
-                    "auto|file|mapped: how page data moves (default auto: measured)")
-        ->check(CLI::IsMember({"auto", "file", "mapped"}));
+                    "auto|file|mapped|fill: how page data moves (default auto: measured; "
+                    "fill: a destination's writes by userfaultfd on tmpfs)")
+        ->check(CLI::IsMember({"auto", "file", "mapped", "fill"}));
     cmd->add_option("--qmp", o.qmp_path, "QMP monitor unix socket path")->required();
     auto *ram = cmd->add_option("--ram", o.ram_specs,
                                 "RAM block: NAME=FILE[,size=BYTES][,dirty=PATH][,addr=GPA] (sizes as "

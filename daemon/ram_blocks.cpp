@@ -97,7 +97,9 @@ Result<RAMBlock> ram_block_open(const RamBlockSpec &spec, bool with_dirty_bitmap
             how = PagePathMode::File;
         }
     }
-    PagePaths paths = choose_page_paths(measure_in, b.image->backing(), how);
+    // A source (it keeps a dirty bitmap) never writes its image.
+    PagePaths paths =
+        choose_page_paths(measure_in, b.image->backing(), how, !with_dirty_bitmap && !read_only);
     b.image->set_page_paths(paths);
     spdlog::info("RAM block '{}': {} on {}; page path {}", spec.name, spec.path,
                  b.image->backing().name(), paths.why);

@@ -12,6 +12,9 @@
 //            mapping (QEMU's way); destination pre-faults the range with
 //            MADV_POPULATE_WRITE and receives straight into the mapping.
 //            Costs page-table faults, no extra copy.
+//  - Fill:   destination only, on shmem: receives into a buffer and makes
+//            the new pages holding it (UFFDIO_COPY, ramstate/fill_mapping.h).
+//            A kernel copy, no clearing, no inode lock.
 // The rule: on huge pages (hugetlbfs, huge-page tmpfs) both sides map: one
 // fault covers 512 pages, and pwrite would serialise the receive threads'
 // huge-page allocations on the inode lock (hugetlbfs has no pwrite at all).
@@ -19,7 +22,7 @@
 // scratch file next to the image (same file system), at start-up, in about
 // 0.1 s. Writes are measured with one writer per core (up to 4) into the
 // same file, as the receive threads write: pwrite serialises on the file's
-// inode lock and faults do not.
+// inode lock and faults and fills do not.
 #pragma once
 
 #include <cstdint>
@@ -29,8 +32,9 @@
 
 namespace qmigd {
 
-enum class PageAccess { File, Mapped };
-enum class PagePathMode { Auto, File, Mapped };
+enum class PageAccess { File, Mapped, Fill };
+// Fill forces the destination's writes only (reads stay File).
+enum class PagePathMode { Auto, File, Mapped, Fill };
 
 const char *page_access_name(PageAccess a);
 bool page_path_mode_parse(const std::string &text, PagePathMode *out);
@@ -41,6 +45,7 @@ struct PagePathCosts {
     double map_read_ns = -1;  // fresh mapping: MADV_POPULATE_READ + zero check in place
     double pwrite_ns = -1;    // pwrite into a fresh file (wall clock, concurrent writers)
     double map_write_ns = -1; // fresh mapping: MADV_POPULATE_WRITE + copy in (same)
+    double fill_ns = -1;      // UFFDIO_COPY into a fresh file (same; shmem only)
 };
 
 struct PagePaths {
@@ -53,7 +58,11 @@ struct PagePaths {
 // Picks the paths for an image in directory `dir` on `backing`. Auto
 // measures (once per directory and process; later calls reuse it); File and
 // Mapped force both directions (hugetlbfs still writes through the mapping).
-PagePaths choose_page_paths(const std::string &dir, const Backing &backing, PagePathMode mode);
+// `receives`: the image is a destination's, which pages are written into;
+// only such an image takes the Fill path (it costs a second mapping and a
+// userfaultfd).
+PagePaths choose_page_paths(const std::string &dir, const Backing &backing, PagePathMode mode,
+                            bool receives);
 
 // The measurement alone, on scratch files of `bytes` in `dir`.
 PagePathCosts measure_page_paths(const std::string &dir, const Backing &backing, size_t bytes);

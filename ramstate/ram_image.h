@@ -17,6 +17,7 @@
 #include "protocol/error.h"
 #include "protocol/qemu_format.h"
 #include "ramstate/backing.h"
+#include "ramstate/fill_mapping.h"
 #include "ramstate/page_path.h"
 
 namespace qmigd {
@@ -50,8 +51,10 @@ public:
     bool created() const { return created_; }
     const Backing &backing() const { return backing_; }
     const PagePaths &page_paths() const { return paths_; }
-    // Before any migration uses the image.
-    void set_page_paths(const PagePaths &p) { paths_ = p; }
+    // Before any migration uses the image. A Fill write path that cannot be
+    // had here (FillMapping::open failed) falls back to File (Mapped where
+    // there is no pwrite), and p.why says so.
+    void set_page_paths(PagePaths p);
 
     // Reads/writes len bytes at offset through the chosen path. Thread-safe
     // for distinct ranges; write() makes the pages stop being known zero.
@@ -73,7 +76,7 @@ public:
     // --- destination ---
     // Where to receive the data of n pages: iov[0..*niov) in the mapping
     // (pre-faulted) or in buf. After the bytes are there, commit_pages()
-    // stores them (a pwrite when they went into buf).
+    // stores them (a pwrite or a fill when they went into buf).
     Status prepare_pages(const uint64_t *offsets, uint32_t n, uint8_t *buf, struct iovec *iov,
                          int *niov);
     Status commit_pages(const uint64_t *offsets, uint32_t n, const uint8_t *buf);
@@ -126,6 +129,8 @@ private:
     // 4 KiB on huge-page tmpfs (see init()). Set once at open.
     uint64_t fault_size_ = TARGET_PAGE_SIZE;
     PagePaths paths_;
+    // The Fill write path's mapping, while paths_.write is Fill.
+    std::unique_ptr<FillMapping> fill_;
     // One bit per page: set while the page is a hole. Words are updated with
     // atomic fetch_and from the receive threads (each page by one writer per
     // epoch; atomics because neighbours share a word) and, on the source, by

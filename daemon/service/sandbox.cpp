@@ -23,6 +23,7 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include <linux/userfaultfd.h>
 #include <seccomp.h>
 
 // libseccomp's SCMP_A0()..SCMP_A5() build a scmp_arg_cmp with one datum
@@ -74,7 +75,8 @@ const char *const kSandboxAllowed[] = {
 
 // Calls allowed only with these first or second arguments: ioctl's
 // requests (libuv's non-blocking and close-on-exec switches, a byte count,
-// the terminal check of the log's colours) and prctl's options (thread
+// the terminal check of the log's colours, a destination's fill path:
+// ramstate/fill_mapping.h) and prctl's options (thread
 // names; reading the capability bounding set, which systemd's NSS modules
 // do while a tcp: host name is resolved). Everything else they can do
 // stays forbidden.
@@ -86,6 +88,7 @@ struct ArgRule {
 const ArgRule kSandboxAllowedArgs[] = {
     {"ioctl", 1, FIONBIO}, {"ioctl", 1, FIOCLEX}, {"ioctl", 1, FIONCLEX},
     {"ioctl", 1, FIONREAD}, {"ioctl", 1, TCGETS},
+    {"ioctl", 1, UFFDIO_API}, {"ioctl", 1, UFFDIO_REGISTER}, {"ioctl", 1, UFFDIO_COPY},
     {"prctl", 0, PR_SET_NAME}, {"prctl", 0, PR_GET_NAME}, {"prctl", 0, PR_CAPBSET_READ},
 };
 
@@ -220,6 +223,10 @@ Status build_allow_list(scmp_filter_ctx ctx)
     // Threads, not processes: fork() is clone without CLONE_THREAD.
     QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, "clone",
                        SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, CLONE_THREAD)));
+    // A fill mapping's userfaultfd handles user-mode faults only: the kind
+    // that catches no fault of the kernel's own.
+    QMIGD_TRY(add_rule(ctx, SCMP_ACT_ALLOW, "userfaultfd",
+                       SCMP_A0(SCMP_CMP_MASKED_EQ, UFFD_USER_MODE_ONLY, UFFD_USER_MODE_ONLY)));
     return add_rule(ctx, SCMP_ACT_ERRNO(ENOSYS), "clone3");
 }
 

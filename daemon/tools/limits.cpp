@@ -403,7 +403,8 @@ nlohmann::json measure_limits(const std::string &dir, unsigned idle_s)
     j["page_path_ns"] = {{"pread", c.pread_ns},
                          {"mapped_read", c.map_read_ns},
                          {"pwrite", c.pwrite_ns},
-                         {"mapped_write", c.map_write_ns}};
+                         {"mapped_write", c.map_write_ns},
+                         {"fill", c.fill_ns}};
     j["cores"] = std::thread::hardware_concurrency();
     // The keys keep their names (scripts read them); this says what they hold.
     j["units"] = {{"*_gbps", "GB/s: 10^9 bytes a second (not Gbit/s)"},

@@ -48,12 +48,16 @@ TEST_CASE("zero-page detection sees a single non-zero byte anywhere", "[zero_pag
 
 TEST_CASE("RAM image: create, size checks, holes and zero pages", "[ram_image]")
 {
-    PageAccess path = GENERATE(PageAccess::File, PageAccess::Mapped);
+    auto [path, write_path] = GENERATE(table<PageAccess, PageAccess>(
+        {{PageAccess::File, PageAccess::File},
+         {PageAccess::Mapped, PageAccess::Mapped},
+         {PageAccess::File, PageAccess::Fill}}));
     Unlink u{shm_path("img")};
     auto img = RamImage::open(u.path, 8 * TARGET_PAGE_SIZE);
     REQUIRE(img.ok());
     RamImage &r = **img;
-    r.set_page_paths(PagePaths{path, path, {}, "test"});
+    r.set_page_paths(PagePaths{path, write_path, {}, "test"});
+    REQUIRE(r.page_paths().write == write_path); // /dev/shm can be filled
     CHECK(r.backing().kind == BackingKind::Tmpfs);
     CHECK(r.pages() == 8);
     r.host(3 * TARGET_PAGE_SIZE)[5] = 9;
@@ -100,12 +104,16 @@ TEST_CASE("RAM image: create, size checks, holes and zero pages", "[ram_image]")
 
 TEST_CASE("RAM image: page batches move the same bytes on both paths", "[ram_image]")
 {
-    PageAccess path = GENERATE(PageAccess::File, PageAccess::Mapped);
+    auto [path, write_path] = GENERATE(table<PageAccess, PageAccess>(
+        {{PageAccess::File, PageAccess::File},
+         {PageAccess::Mapped, PageAccess::Mapped},
+         {PageAccess::File, PageAccess::Fill}}));
     Unlink u{shm_path("batch")};
     auto img = RamImage::open(u.path, 64 * TARGET_PAGE_SIZE);
     REQUIRE(img.ok());
     RamImage &r = **img;
-    r.set_page_paths(PagePaths{path, path, {}, "test"});
+    r.set_page_paths(PagePaths{path, write_path, {}, "test"});
+    REQUIRE(r.page_paths().write == write_path);
     for (uint64_t pg : {2, 3, 4, 10, 40}) {
         std::memset(r.host(pg * TARGET_PAGE_SIZE), int(pg), TARGET_PAGE_SIZE);
     }
@@ -141,6 +149,29 @@ TEST_CASE("RAM image: page batches move the same bytes on both paths", "[ram_ima
     CHECK(r.host(30 * TARGET_PAGE_SIZE)[0] == 0x61);
     CHECK_FALSE(r.known_zero(20));
     CHECK_FALSE(r.known_zero(30));
+
+    // A run over pages the file holds and a page it does not (a fill meets
+    // EEXIST mid-run and overwrites those in place).
+    uint64_t over[] = {3 * TARGET_PAGE_SIZE, 4 * TARGET_PAGE_SIZE, 5 * TARGET_PAGE_SIZE,
+                       6 * TARGET_PAGE_SIZE};
+    std::vector<uint8_t> obuf(4 * TARGET_PAGE_SIZE);
+    REQUIRE(r.prepare_pages(over, 4, obuf.data(), iov, &niov).ok());
+    CHECK(niov == 1);
+    std::memset(iov[0].iov_base, 0x71, iov[0].iov_len);
+    REQUIRE(r.commit_pages(over, 4, obuf.data()).ok());
+    for (uint64_t pg = 3; pg <= 6; pg++) {
+        CHECK(r.host(pg * TARGET_PAGE_SIZE)[0] == 0x71);
+        CHECK(r.host(pg * TARGET_PAGE_SIZE + 4095)[0] == 0x71);
+    }
+    CHECK(r.host(2 * TARGET_PAGE_SIZE)[0] == 2);
+    CHECK(r.host(7 * TARGET_PAGE_SIZE)[0] == 0);
+    // A page punched out by a zero page and received again.
+    REQUIRE(r.zero_page(4 * TARGET_PAGE_SIZE).ok());
+    CHECK(r.host(4 * TARGET_PAGE_SIZE)[9] == 0);
+    std::memset(obuf.data(), 0x72, TARGET_PAGE_SIZE);
+    REQUIRE(r.write(4 * TARGET_PAGE_SIZE, obuf.data(), TARGET_PAGE_SIZE).ok());
+    CHECK(r.host(4 * TARGET_PAGE_SIZE)[9] == 0x72);
+    CHECK(r.host(5 * TARGET_PAGE_SIZE)[9] == 0x71);
 }
 
 TEST_CASE("page path: measured on /dev/shm, with a side file beside the image", "[page_path]")
@@ -152,10 +183,11 @@ TEST_CASE("page path: measured on /dev/shm, with a side file beside the image", 
     CHECK(c.map_read_ns > 0);
     CHECK(c.pwrite_ns > 0);
     CHECK(c.map_write_ns > 0);
-    PagePaths forced = choose_page_paths("/dev/shm", b, PagePathMode::Mapped);
+    CHECK(c.fill_ns > 0); // shmem can be filled
+    PagePaths forced = choose_page_paths("/dev/shm", b, PagePathMode::Mapped, true);
     CHECK(forced.read == PageAccess::Mapped);
     b.kind = BackingKind::Hugetlbfs;
-    PagePaths file = choose_page_paths("/dev/shm", b, PagePathMode::File);
+    PagePaths file = choose_page_paths("/dev/shm", b, PagePathMode::File, true);
     CHECK(file.read == PageAccess::File);
     CHECK(file.write == PageAccess::Mapped); // hugetlbfs takes no pwrite
     CHECK(side_file_path("/mnt/h/vm.ram", b, ".dirty") == "/dev/shm/qmigd_mnt_h_vm.ram.dirty");
