@@ -116,8 +116,12 @@ Status FillMapping::store(uint64_t offset, const uint8_t *src, size_t len)
             done += TARGET_PAGE_SIZE;
             continue;
         }
-        return Error(fmt::format("cannot store pages of RAM image '{}' at 0x{:x}: {}", path_,
-                                 offset + done, std::strerror(rc < 0 ? err : EIO)));
+        // A full tmpfs answers ENOMEM here (a pwrite would say ENOSPC).
+        int why = rc < 0 ? err : EIO;
+        return Error(fmt::format("cannot store pages of RAM image '{}' at 0x{:x}: {}{}", path_,
+                                 offset + done, std::strerror(why),
+                                 why == ENOMEM || why == ENOSPC ? " (is its file system full?)"
+                                                                : ""));
     }
     return {};
 }
