@@ -283,29 +283,37 @@ def traced(tag):
                  "-e", "trace=fsync,fdatasync,rename,renameat,renameat2,write"]
 
 
-def events_in(trace):
-    """(kind, detail) in the order the daemon's calls returned (a sync that
-    strace shows unfinished counts where it resumed)."""
-    out, pending = [], {}
+def joined_calls(trace):
+    """strace's lines with each call strace split around another thread's
+    ("<unfinished ...>", then "<... NAME resumed>") joined back into one,
+    placed where the call returned."""
+    pending = {}
     with open(trace) as f:
         for line in f:
-            pid = line.split(" ", 1)[0]
-            m = re.search(r"(?:fsync|fdatasync)\(\d+<([^>]*)>", line)
-            if m and "<unfinished" in line:
-                pending[pid] = m.group(1)
+            pid, _, rest = line.rstrip("\n").partition(" ")
+            if rest.endswith("<unfinished ...>"):
+                pending[pid] = rest[:-len("<unfinished ...>")]
                 continue
-            if m and re.search(r"\)\s+= 0", line):
-                out.append(("sync", m.group(1)))
-                continue
-            if re.search(r"<\.\.\. f(?:data)?sync resumed>.*= 0", line) and pid in pending:
-                out.append(("sync", pending.pop(pid)))
-                continue
-            m = re.search(r"rename(?:at2?)?\(.*\"([^\"]+)\", .*\"([^\"]+)\".*\)\s+= 0", line)
-            if m:
-                out.append(("rename", os.path.basename(m.group(2))))
-                continue
-            if re.search(r"migration:? completed", line):
-                out.append(("completed", ""))
+            m = re.match(r"\s*<\.\.\. \w+ resumed>(.*)", rest)
+            if m and pid in pending:
+                rest = pending.pop(pid) + m.group(1)
+            yield rest
+
+
+def events_in(trace):
+    """(kind, detail) in the order the daemon's calls returned."""
+    out = []
+    for call in joined_calls(trace):
+        m = re.search(r"(?:fsync|fdatasync)\(\d+<([^>]*)>.*\)\s+= 0", call)
+        if m:
+            out.append(("sync", m.group(1)))
+            continue
+        m = re.search(r"rename(?:at2?)?\(.*\"([^\"]+)\", .*\"([^\"]+)\".*\)\s+= 0", call)
+        if m:
+            out.append(("rename", os.path.basename(m.group(2))))
+            continue
+        if re.search(r"migration:? completed", call):
+            out.append(("completed", ""))
     return out
 
 
