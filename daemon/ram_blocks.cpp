@@ -102,7 +102,7 @@ Result<RAMBlock> ram_block_open(const RamBlockSpec &spec, bool with_dirty_bitmap
         choose_page_paths(measure_in, b.image->backing(), how, !with_dirty_bitmap && !read_only);
     b.image->set_page_paths(paths);
     spdlog::info("RAM block '{}': {} on {}; page path {}", spec.name, spec.path,
-                 b.image->backing().name(), paths.why);
+                 b.image->backing().name(), b.image->page_paths().why);
     if (with_dirty_bitmap) {
         SideFile dirty = read_only ? SideFile{"", SideFileName::Anonymous}
                                    : side_file(spec.dirty_path, spec.path, b.image->backing(),

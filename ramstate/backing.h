@@ -25,6 +25,9 @@ struct Backing {
 
     // write(2)/pwrite(2) move data into it (not on hugetlbfs).
     bool can_pwrite() const { return kind != BackingKind::Hugetlbfs; }
+    // UFFDIO_COPY can add 4 KiB pages to it (shmem; hugetlbfs would take
+    // whole huge pages only).
+    bool can_fill() const { return kind == BackingKind::Tmpfs || kind == BackingKind::TmpfsHuge; }
     // 4 KiB holes can be punched without splitting a huge page.
     bool punch_4k() const { return kind == BackingKind::Tmpfs || kind == BackingKind::Other; }
     // SEEK_HOLE/SEEK_DATA report never-written ranges.

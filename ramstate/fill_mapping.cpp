@@ -1,12 +1,14 @@
 // FillMapping: a second, userfaultfd-registered mapping of an image that only UFFDIO_COPY writes.
 #include "ramstate/fill_mapping.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -105,25 +107,60 @@ Status FillMapping::store(uint64_t offset, const uint8_t *src, size_t len)
         }
         if (rc < 0 && err == EEXIST) {
             // The file holds this page already (an earlier round, or an
-            // image that had data): overwrite it in place.
-            ssize_t n;
-            do {
-                n = pwrite(fd_, src + done, TARGET_PAGE_SIZE, off_t(offset + done));
-            } while (n < 0 && errno == EINTR);
-            if (n != ssize_t(TARGET_PAGE_SIZE)) {
-                return fill_error("cannot write page", path_, n < 0 ? errno : EIO);
-            }
-            done += TARGET_PAGE_SIZE;
+            // image that had data): overwrite in place the pages it holds
+            // from here, in one pwrite, up to the next one it does not. (A
+            // pwrite into a hole would allocate a huge folio on a huge-page
+            // tmpfs.)
+            QMIGD_TRY(overwrite_held(offset + done, src + done, len - done, &done));
             continue;
         }
-        // A full tmpfs answers ENOMEM here (a pwrite would say ENOSPC).
-        int why = rc < 0 ? err : EIO;
-        return Error(fmt::format("cannot store pages of RAM image '{}' at 0x{:x}: {}{}", path_,
-                                 offset + done, std::strerror(why),
-                                 why == ENOMEM || why == ENOSPC ? " (is its file system full?)"
-                                                                : ""));
+        return store_error(offset + done, rc < 0 ? err : EIO);
     }
     return {};
+}
+
+// [offset, offset+len) starts with a page the file holds: writes the pages
+// it holds from there (at least that one, at most kHeldScan) and adds them to
+// *done. mincore asks the page cache about just these pages (SEEK_HOLE would
+// walk the file to its next hole, to its end in a full image).
+Status FillMapping::overwrite_held(uint64_t offset, const uint8_t *src, size_t len, size_t *done)
+{
+    constexpr size_t kHeldScan = 256;
+    unsigned char held[kHeldScan];
+    size_t pages = std::min(len / TARGET_PAGE_SIZE, kHeldScan);
+    size_t n = 1;
+    if (mincore(base_ + offset, pages * TARGET_PAGE_SIZE, held) == 0) {
+        while (n < pages && (held[n] & 1)) {
+            n++;
+        }
+    }
+    n *= TARGET_PAGE_SIZE;
+    size_t put = 0;
+    while (put < n) {
+        ssize_t w = pwrite(fd_, src + put, n - put, off_t(offset + put));
+        if (w < 0 && errno == EINTR) {
+            continue;
+        }
+        if (w <= 0) {
+            return fill_error("cannot write pages", path_, w < 0 ? errno : EIO);
+        }
+        put += size_t(w);
+    }
+    *done += n;
+    return {};
+}
+
+Status FillMapping::store_error(uint64_t offset, int err) const
+{
+    const char *hint = "";
+    struct stat st{};
+    if (err == ENOMEM || err == ENOSPC) {
+        hint = " (is its file system full?)"; // a full tmpfs answers ENOMEM here
+    } else if (err == EFAULT && fstat(fd_, &st) == 0 && uint64_t(st.st_size) < size_) {
+        hint = " (the file was truncated under it)";
+    }
+    return Error(fmt::format("cannot store pages of RAM image '{}' at 0x{:x}: {}{}", path_, offset,
+                             std::strerror(err), hint));
 }
 
 } // namespace qmigd

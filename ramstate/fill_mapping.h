@@ -7,8 +7,8 @@
 // userfaultfd for missing pages; nothing ever reads or writes through it.
 // UFFDIO_COPY allocates a page, copies the bytes in and adds it to the
 // file, from any number of threads at once, with no clearing and no inode
-// lock. A page the file already holds answers EEXIST and is written with
-// pwrite instead. The image's own mapping is not registered, so every
+// lock. A page the file already holds answers EEXIST; it and the held
+// pages right after it are written with one pwrite. The image's own mapping is not registered, so every
 // other access to the image (the source's reads, a later QEMU) is as
 // before. Only shmem files (tmpfs, 4 KiB pages on a huge-page tmpfs too:
 // UFFDIO_COPY makes small pages) can be filled this way.
@@ -41,6 +41,8 @@ public:
 
 private:
     FillMapping() = default;
+    Status overwrite_held(uint64_t offset, const uint8_t *src, size_t len, size_t *done);
+    Status store_error(uint64_t offset, int err) const;
 
     int fd_ = -1;   // the image's, borrowed
     int uffd_ = -1; // owned

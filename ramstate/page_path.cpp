@@ -260,23 +260,31 @@ PagePaths choose_page_paths(const std::string &dir, const Backing &backing, Page
     PagePaths p;
     if (mode != PagePathMode::Auto) {
         p.read = p.write = mode == PagePathMode::Mapped ? PageAccess::Mapped : PageAccess::File;
-        if (mode == PagePathMode::Fill && receives) {
-            p.write = PageAccess::Fill; // RamImage falls back where it cannot
-        } else if (!backing.can_pwrite()) {
+        // pwrite is not there on hugetlbfs, and on a huge-page tmpfs it
+        // would allocate a 2 MiB folio for each page it writes.
+        if (!backing.can_pwrite() || backing.kind == BackingKind::TmpfsHuge) {
             p.write = PageAccess::Mapped;
         }
+        p.write_without_fill = p.write;
+        bool fill = mode == PagePathMode::Fill && receives;
+        if (fill && backing.can_fill()) {
+            p.write = PageAccess::Fill; // RamImage falls back where it cannot
+        }
         p.why = describe(p, "forced");
+        if (fill && !backing.can_fill()) {
+            p.why += fmt::format("; no fill on {}", backing.name());
+        }
         return p;
     }
     if (backing.kind == BackingKind::Hugetlbfs) {
         // One fault maps a whole huge page, so the mapping costs a copy and
         // 1/512 of a fault per page (and write(2) is not there).
-        p.read = p.write = PageAccess::Mapped;
+        p.read = p.write = p.write_without_fill = PageAccess::Mapped;
         p.why = describe(p, fmt::format("huge pages ({} KiB)", backing.page_size >> 10).c_str());
         return p;
     }
     if (backing.kind == BackingKind::TmpfsHuge && !receives) {
-        p.read = p.write = PageAccess::Mapped; // below: reads are mapped there
+        p.read = p.write = p.write_without_fill = PageAccess::Mapped; // below: reads are mapped there
         p.why = describe(p, "huge-page tmpfs, mapped with 4 KiB pages");
         return p;
     }
@@ -307,6 +315,7 @@ PagePaths choose_page_paths(const std::string &dir, const Backing &backing, Page
     // guest, pwrite 830-1200 ns/page and fill 750-900 here): fill 1.54-
     // 1.61 s, pwrite 1.79-2.05 s. So pwrite must be clearly cheaper.
     constexpr double kLockMargin = 1.25;
+    p.write_without_fill = p.write;
     double chosen = p.write == PageAccess::File ? p.costs.pwrite_ns * kLockMargin
                                                 : p.costs.map_write_ns;
     if (receives && p.costs.fill_ns >= 0 && (chosen < 0 || p.costs.fill_ns < chosen)) {

@@ -51,6 +51,9 @@ struct PagePathCosts {
 struct PagePaths {
     PageAccess read = PageAccess::File;  // source side
     PageAccess write = PageAccess::File; // destination side
+    // What writes take where `write` is Fill and no fill mapping can be
+    // had (RamImage::set_page_paths): the best of the other two.
+    PageAccess write_without_fill = PageAccess::File;
     PagePathCosts costs;
     std::string why; // one line for the log
 };

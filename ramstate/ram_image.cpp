@@ -79,11 +79,13 @@ Result<std::unique_ptr<RamImage>> RamImage::open(const std::string &path, uint64
 void RamImage::set_page_paths(PagePaths p)
 {
     if (p.write == PageAccess::Fill && !fill_) {
-        auto f = FillMapping::open(fd_, size_, path_);
+        auto f = backing_.can_fill()
+                     ? FillMapping::open(fd_, size_, path_)
+                     : Result<std::unique_ptr<FillMapping>>(Error("not a shmem file"));
         if (f) {
             fill_ = std::move(*f);
         } else {
-            p.write = backing_.can_pwrite() ? PageAccess::File : PageAccess::Mapped;
+            p.write = p.write_without_fill;
             p.why += fmt::format("; no fill path, writes {} ({})", page_access_name(p.write),
                                  f.error().message());
         }

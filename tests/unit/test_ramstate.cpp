@@ -56,7 +56,7 @@ TEST_CASE("RAM image: create, size checks, holes and zero pages", "[ram_image]")
     auto img = RamImage::open(u.path, 8 * TARGET_PAGE_SIZE);
     REQUIRE(img.ok());
     RamImage &r = **img;
-    r.set_page_paths(PagePaths{path, write_path, {}, "test"});
+    r.set_page_paths(PagePaths{path, write_path, PageAccess::File, {}, "test"});
     REQUIRE(r.page_paths().write == write_path); // /dev/shm can be filled
     CHECK(r.backing().kind == BackingKind::Tmpfs);
     CHECK(r.pages() == 8);
@@ -112,7 +112,7 @@ TEST_CASE("RAM image: page batches move the same bytes on both paths", "[ram_ima
     auto img = RamImage::open(u.path, 64 * TARGET_PAGE_SIZE);
     REQUIRE(img.ok());
     RamImage &r = **img;
-    r.set_page_paths(PagePaths{path, write_path, {}, "test"});
+    r.set_page_paths(PagePaths{path, write_path, PageAccess::File, {}, "test"});
     REQUIRE(r.page_paths().write == write_path);
     for (uint64_t pg : {2, 3, 4, 10, 40}) {
         std::memset(r.host(pg * TARGET_PAGE_SIZE), int(pg), TARGET_PAGE_SIZE);
@@ -172,6 +172,30 @@ TEST_CASE("RAM image: page batches move the same bytes on both paths", "[ram_ima
     REQUIRE(r.write(4 * TARGET_PAGE_SIZE, obuf.data(), TARGET_PAGE_SIZE).ok());
     CHECK(r.host(4 * TARGET_PAGE_SIZE)[9] == 0x72);
     CHECK(r.host(5 * TARGET_PAGE_SIZE)[9] == 0x71);
+    // One held page of a held run: its neighbours keep their bytes.
+    std::memset(obuf.data(), 0x73, TARGET_PAGE_SIZE);
+    REQUIRE(r.write(20 * TARGET_PAGE_SIZE, obuf.data(), TARGET_PAGE_SIZE).ok());
+    CHECK(r.host(20 * TARGET_PAGE_SIZE + 4095)[0] == 0x73);
+    CHECK(r.host(21 * TARGET_PAGE_SIZE)[0] == 0x60);
+}
+
+TEST_CASE("RAM image: a fill where none can be had writes as the paths say", "[ram_image]")
+{
+    // /var/tmp is a disk file system here: no userfaultfd fill there.
+    Unlink u{"/var/tmp/qmigd-unit-nofill-" + std::to_string(getpid())};
+    auto img = RamImage::open(u.path, 8 * TARGET_PAGE_SIZE);
+    REQUIRE(img.ok());
+    RamImage &r = **img;
+    if (r.backing().can_fill()) {
+        WARN("skipped: /var/tmp is shmem on this machine");
+        return;
+    }
+    r.set_page_paths(PagePaths{PageAccess::File, PageAccess::Fill, PageAccess::File, {}, "test"});
+    CHECK(r.page_paths().write == PageAccess::File);
+    CHECK(r.page_paths().why.find("no fill path") != std::string::npos);
+    std::vector<uint8_t> page(TARGET_PAGE_SIZE, 0x5a);
+    REQUIRE(r.write(3 * TARGET_PAGE_SIZE, page.data(), page.size()).ok());
+    CHECK(r.host(3 * TARGET_PAGE_SIZE)[7] == 0x5a);
 }
 
 TEST_CASE("page path: measured on /dev/shm, with a side file beside the image", "[page_path]")
@@ -190,6 +214,20 @@ TEST_CASE("page path: measured on /dev/shm, with a side file beside the image", 
     PagePaths file = choose_page_paths("/dev/shm", b, PagePathMode::File, true);
     CHECK(file.read == PageAccess::File);
     CHECK(file.write == PageAccess::Mapped); // hugetlbfs takes no pwrite
+    // A forced fill only on shmem; elsewhere, and where it fails, writes
+    // go as the backing wants them (no pwrite on a huge-page tmpfs).
+    PagePaths fill = choose_page_paths("/dev/shm", b, PagePathMode::Fill, true);
+    CHECK(fill.write == PageAccess::Mapped);
+    CHECK(fill.why.find("no fill") != std::string::npos);
+    b.kind = BackingKind::TmpfsHuge;
+    fill = choose_page_paths("/dev/shm", b, PagePathMode::Fill, true);
+    CHECK(fill.write == PageAccess::Fill);
+    CHECK(fill.write_without_fill == PageAccess::Mapped);
+    b.kind = BackingKind::Other;
+    fill = choose_page_paths("/var/tmp", b, PagePathMode::Fill, true);
+    CHECK(fill.write == PageAccess::File);
+    CHECK(choose_page_paths("/dev/shm", b, PagePathMode::Fill, false).write == PageAccess::File);
+    b.kind = BackingKind::Hugetlbfs;
     CHECK(side_file_path("/mnt/h/vm.ram", b, ".dirty") == "/dev/shm/qmigd_mnt_h_vm.ram.dirty");
     b.kind = BackingKind::Tmpfs;
     CHECK(side_file_path("/dev/shm/vm.ram", b, ".ctl") == "/dev/shm/vm.ram.ctl");
