@@ -253,10 +253,21 @@ void SocketListener::on_connection(uv_stream_t *server, int status)
     self->start_reading(c);
 }
 
+// Which stranger a newcomer ends: of those that sent some bytes and
+// stopped, the one heard from longest ago; only when none has sent any, the
+// oldest of those that sent nothing. A source sends its first bytes in one
+// write, but not always at once: its multifd channels wait for the main
+// channel's TLS handshake, which a flood slows down. Bytes that stopped are
+// a surer sign of a stall than none yet, so a flood of stalled prefixes
+// never ends a channel that has not spoken (its deadline still does).
 void SocketListener::evict_one()
 {
     auto quietest = std::min_element(pending_.begin(), pending_.end(),
                                      [](const PendingConnection *a, const PendingConnection *b) {
+                                         bool a_silent = a->have_ == 0, b_silent = b->have_ == 0;
+                                         if (a_silent != b_silent) {
+                                             return b_silent;
+                                         }
                                          return a->heard_ms_ < b->heard_ms_;
                                      });
     if (quietest != pending_.end()) {
@@ -278,7 +289,7 @@ void SocketListener::sweep()
     for (PendingConnection *c : late) {
         c->close();
     }
-    dropped_.log("connections", "the longest silent went", limits_);
+    dropped_.log("connections", "the stalled went first", limits_);
 }
 
 void SocketListener::start_reading(PendingConnection *c)
@@ -369,7 +380,7 @@ void SocketListener::close()
         pending_.back()->close();
     }
     if (sweeper_) {
-        dropped_.log("connections", "the longest silent went", limits_);
+        dropped_.log("connections", "the stalled went first", limits_);
         sweeper_close(&sweeper_);
     }
     if (server_) {

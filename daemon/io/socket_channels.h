@@ -32,9 +32,11 @@ namespace qmigd {
 // Until it has identified itself a connection is a stranger's: it has a
 // deadline (ListenerLimits::identify_ms from its accept) and a
 // place among at most ListenerLimits::max_pending; when a new connection finds
-// them all taken, the one silent the longest goes. A migration source
-// sends its first bytes at once, so a flood of idle or slow connections
-// evicts itself, never the source's channels.
+// them all taken, of those that sent some bytes and stopped the one silent
+// the longest goes, else the oldest that sent nothing (evict_one()). A
+// migration source sends its first bytes in one write, so a flood of
+// stalled prefixes evicts itself, never the source's channels; a flood of
+// idle connections gives a channel the flood's turnover to speak.
 class PendingConnection {
 public:
     // A multifd init message is 64 bytes; a TLS ClientHello record at most

@@ -244,6 +244,31 @@ def test_strangers_are_dropped_after_their_deadline():
             c.close()
 
 
+@test
+def test_a_silent_channel_outlives_a_flood_of_stalled_prefixes():
+    """A connection that has not spoken yet (a source's multifd channel
+    waits for its main channel's TLS handshake) is not ended by a flood of
+    connections that sent part of a header and stopped, however long it
+    lasts; once it speaks, it is a channel like any other."""
+    with images(16 * MiB, "mixed") as imgs, peers("qmigd", "qmigd", imgs) as (s, d):
+        d.set_migration(True, 2)
+        port = start_incoming(d)
+        silent = socket.create_connection(("127.0.0.1", port))
+        flood = Flood(port, multifd_header_start, total=1200)
+        flood.start()
+        flood.join(60)
+        check(flood.tried >= 600, f"only {flood.tried} connections were made")
+        silent.setblocking(False)
+        try:
+            got = silent.recv(1)
+        except BlockingIOError:
+            got = None
+        check(got is None, "the silent connection was ended by the flood")
+        check(d.status()["status"] == "setup", d.status())
+        flood.close()  # half-sent headers that end fail the incoming migration
+        silent.close()
+
+
 @cleanup
 def remove_shared():
     import shutil
