@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "protocol/qemu_format.h"
+#include "ramstate/full_io.h"
 
 #ifndef UFFD_USER_MODE_ONLY
 #define UFFD_USER_MODE_ONLY 1 // Linux 5.11
@@ -135,17 +136,9 @@ Status FillMapping::overwrite_held(uint64_t offset, const uint8_t *src, size_t l
         }
     }
     n *= TARGET_PAGE_SIZE;
-    size_t put = 0;
-    while (put < n) {
-        ssize_t w = pwrite(fd_, src + put, n - put, off_t(offset + put));
-        if (w < 0 && errno == EINTR) {
-            continue;
-        }
-        if (w <= 0) {
-            return fill_error("cannot write pages", path_, w < 0 ? errno : EIO);
-        }
-        put += size_t(w);
-    }
+    QMIGD_TRY(full_io(path_, "write", offset, n, [&](size_t put, size_t left, off_t at) {
+        return pwrite(fd_, src + put, left, at);
+    }));
     *done += n;
     return {};
 }

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "ramstate/full_io.h"
 #include "ramstate/populate.h"
 #include "ramstate/zero_page.h"
 
@@ -227,26 +228,6 @@ Status RamImage::populate(uint64_t offset, size_t len, bool write) const
                              end - start, std::strerror(errno),
                              backing_.kind == BackingKind::Hugetlbfs ? " (no free huge pages?)"
                                                                      : ""));
-}
-
-// Runs a pread/pwrite-style call until all len bytes moved.
-template <typename Io>
-static Status full_io(const std::string &path, const char *what, uint64_t offset, size_t len,
-                      Io io)
-{
-    size_t done = 0;
-    while (done < len) {
-        ssize_t n = io(done, len - done, off_t(offset + done));
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n <= 0) {
-            return Error(fmt::format("{} of RAM image '{}' at 0x{:x} failed: {}", what, path,
-                                     offset + done, n < 0 ? std::strerror(errno) : "short"));
-        }
-        done += size_t(n);
-    }
-    return {};
 }
 
 // Calls fn(first index, pages) for each run of consecutive page offsets
