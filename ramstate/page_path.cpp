@@ -187,8 +187,8 @@ PagePathCosts measure_page_paths(const std::string &dir, const Backing &backing,
     // migration has at least as many channels as that, usually).
     unsigned writers = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
     // A huge-page tmpfs is written through its mapping or filled (a pwrite
-    // would allocate huge folios) and read through its mapping: only its
-    // two write paths are measured.
+    // would allocate huge folios): its reads are measured on the file the
+    // mapping wrote.
     bool huge_tmpfs = backing.kind == BackingKind::TmpfsHuge;
     bool shmem = huge_tmpfs || backing.kind == BackingKind::Tmpfs;
     for (int round = 0; round < 2; round++) {
@@ -204,6 +204,10 @@ PagePathCosts measure_page_paths(const std::string &dir, const Backing &backing,
             }
         }
         if (huge_tmpfs) {
+            if (mapped.ok() && c.map_write_ns >= 0) {
+                c.pread_ns = best(c.pread_ns, pread_scan(mapped, src.get(), &sink));
+                c.map_read_ns = best(c.map_read_ns, mapped_scan(mapped, &sink));
+            }
             continue;
         }
         ScratchFile filed(dir, "calibrate-f", bytes);
@@ -283,11 +287,6 @@ PagePaths choose_page_paths(const std::string &dir, const Backing &backing, Page
         p.why = describe(p, fmt::format("huge pages ({} KiB)", backing.page_size >> 10).c_str());
         return p;
     }
-    if (backing.kind == BackingKind::TmpfsHuge && !receives) {
-        p.read = p.write = p.write_without_fill = PageAccess::Mapped; // below: reads are mapped there
-        p.why = describe(p, "huge-page tmpfs, mapped with 4 KiB pages");
-        return p;
-    }
     static std::mutex mu;
     static std::map<std::string, PagePathCosts> measured; // by directory; protected by mu
     std::lock_guard<std::mutex> lk(mu);
@@ -296,14 +295,14 @@ PagePaths choose_page_paths(const std::string &dir, const Backing &backing, Page
         it = measured.emplace(dir, measure_page_paths(dir, backing, 8 << 20)).first;
     }
     p.costs = it->second;
+    p.read = cheaper(p.costs.pread_ns, p.costs.map_read_ns, PageAccess::File);
     if (backing.kind == BackingKind::TmpfsHuge) {
         // The image's mapping faults 4 KiB pages (RamImage::init), and so
         // does a fill (UFFDIO_COPY makes small pages), but a pwrite has no
         // mapping to say so: it would allocate a 2 MiB folio for each page
-        // it writes.
-        p.read = p.write = PageAccess::Mapped;
+        // it writes. A pread allocates nothing (a hole reads as zeros).
+        p.write = PageAccess::Mapped;
     } else {
-        p.read = cheaper(p.costs.pread_ns, p.costs.map_read_ns, PageAccess::File);
         p.write = backing.can_pwrite()
                       ? cheaper(p.costs.pwrite_ns, p.costs.map_write_ns, PageAccess::File)
                       : PageAccess::Mapped;
