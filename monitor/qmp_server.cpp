@@ -2,7 +2,10 @@
 #include "monitor/qmp_server.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -82,6 +85,23 @@ std::vector<std::string> QmpServer::command_names() const
     return names;
 }
 
+namespace {
+
+// libuv's pipe bind reports a missing directory as EACCES: say what it is.
+std::string bind_error(const std::string &path, int rc)
+{
+    if (rc == UV_EACCES) {
+        std::string dir = path.substr(0, path.find_last_of('/') + 1);
+        struct stat st;
+        if (!dir.empty() && ::stat(dir.c_str(), &st) != 0 && errno == ENOENT) {
+            return std::strerror(ENOENT);
+        }
+    }
+    return uv_strerror(rc);
+}
+
+} // namespace
+
 Status QmpServer::listen(const std::string &path)
 {
     if (path.size() >= sizeof(sockaddr_un::sun_path)) {
@@ -100,7 +120,7 @@ Status QmpServer::listen(const std::string &path)
         uv_close(reinterpret_cast<uv_handle_t *>(listener_),
                  [](uv_handle_t *h) { delete reinterpret_cast<uv_pipe_t *>(h); });
         listener_ = nullptr;
-        return Error("cannot listen on QMP socket '" + path + "': " + uv_strerror(rc));
+        return Error("cannot listen on QMP socket '" + path + "': " + bind_error(path, rc));
     }
     return {};
 }

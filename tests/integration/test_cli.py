@@ -68,6 +68,15 @@ def test_ram_sizes_in_qemu_syntax():
 
 
 @test
+def test_a_qmp_socket_in_a_missing_directory_says_so():
+    img = f"/dev/shm/{unique_name('nodir')}.ram"
+    r = run([QMIGD, "dest", "--qmp", f"/tmp/{unique_name('nodir')}/x.qmp",
+             "--ram", f"mem={img},size=1M"])
+    check(r.returncode != 0 and "No such file or directory" in r.stderr, r)
+    check(not os.path.exists(img), "an image was left behind")
+
+
+@test
 def test_a_failed_start_removes_the_images_it_created():
     """A start that fails after its RAM images are open (a second --ram
     that cannot be made, --runas, --metrics, --qmp in a missing directory)
