@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -227,6 +228,7 @@ Result<ParkedVm> parse_members(const std::string &dir, const json &j)
         }
         vm.uuid = u;
     }
+    std::set<std::string> seen;
     for (const json &b : j["blocks"]) {
         auto idstr = get_name(b, "idstr");
         if (!idstr) {
@@ -236,6 +238,9 @@ Result<ParkedVm> parse_members(const std::string &dir, const json &j)
         uint64_t size = record_uint(b["size"]);
         if (id.empty() || id.size() > 255 || size == 0 || size % TARGET_PAGE_SIZE) {
             return bad("a block's idstr must have 1 to 255 bytes and its size be whole pages");
+        }
+        if (!seen.insert(id).second) {
+            return bad("two blocks have one idstr"); // a stream names each block once
         }
         vm.blocks.push_back({id, size});
     }

@@ -144,6 +144,7 @@ def test_record_of_wrong_types_refused():
         ("size", lambda r: r["blocks"][0].update(size="1"),
          "Parameter 'blocks[0].size' expects uint64"),
         ("odd-size", lambda r: r["blocks"][0].update(size=4095), "whole pages"),
+        ("twice", lambda r: r["blocks"].append(dict(r["blocks"][0])), "two blocks have one idstr"),
         ("uuid", lambda r: r.update(uuid=5), "Invalid parameter type for 'uuid', expected: string"),
         ("uuid-text", lambda r: r.update(uuid="x"), "'uuid' must be a UUID string"),
         ("ds-bytes", lambda r: r.update({"device-state-bytes": "x"}),
