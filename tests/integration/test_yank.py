@@ -184,6 +184,18 @@ def through_proxy(s, d, multifd):
     return proxy
 
 
+def yank_instances_settle(p, timeout=5):
+    """query-yank once a failed migration has let go of its instance: QEMU
+    reports `failed` from its migration thread and unregisters the instance
+    a little later, in migrate_fd_cleanup on its main loop."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = p.qmp.cmd("query-yank")
+        if got == [MONITOR] or time.monotonic() > deadline:
+            return got
+        time.sleep(0.02)
+
+
 def yanked_precopy(kind, multifd, dst_kind=None):
     """Both sides stuck behind the frozen proxy: a yank on the destination
     fails it while the source stays stuck, then one on the source fails it."""
@@ -205,7 +217,7 @@ def yanked_precopy(kind, multifd, dst_kind=None):
             check(s.status()["status"] == "active", "the source came unstuck by itself")
             dt_s, si = yank_within(s, ("failed",))
             for p in (s, d):
-                check(p.qmp.cmd("query-yank") == [MONITOR], f"{p.role}: {p.qmp.cmd('query-yank')}")
+                check(yank_instances_settle(p) == [MONITOR], f"{p.role}: {p.qmp.cmd('query-yank')}")
             check(s.qmp.cmd("query-status")["status"] == "running", "source VM not running")
             check("is multifd on" not in si.get("error-desc", ""), si)  # no peer to blame
             print(f"  {kind} -> {dst_kind} (multifd {multifd}): destination failed "
