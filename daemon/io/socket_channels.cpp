@@ -259,7 +259,9 @@ void SocketListener::on_connection(uv_stream_t *server, int status)
 // write, but not always at once: its multifd channels wait for the main
 // channel's TLS handshake, which a flood slows down. Bytes that stopped are
 // a surer sign of a stall than none yet, so a flood of stalled prefixes
-// never ends a channel that has not spoken (its deadline still does).
+// never ends a channel that has not spoken (its deadline still does), as
+// long as the loop reads the flood's bytes as fast as they come (bytes not
+// read yet count as none).
 void SocketListener::evict_one()
 {
     auto quietest = std::min_element(pending_.begin(), pending_.end(),
