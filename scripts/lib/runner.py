@@ -16,6 +16,7 @@ try:
 except ImportError:
     loop_watch = None
 from qmp import QMP, QMPError
+from waiting import wait_until
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 # $QMIGD, else this checkout's build, else an installed qmigd (on the PATH).
@@ -244,19 +245,20 @@ def end_process(proc, grace=5):
 
 
 def wait_status(peer, want, timeout=120.0, progress=None, fail_on=("failed", "cancelled")):
-    deadline = time.monotonic() + timeout
-    while True:
-        info = peer.status()
+    """Waits for the peer's query-migrate status to be one of `want` and
+    returns the reply; a status in `fail_on` fails at once."""
+    last = {}
+
+    def reached():
+        info = last["info"] = peer.status()
         st = info.get("status")
         if progress:
             progress(info)
-        if st in want:
-            return info
         if st in fail_on:
             raise RuntimeError(f"{peer.kind} {peer.role}: migration {st}: {info.get('error-desc')}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{peer.kind} {peer.role}: still {st} after {timeout}s")
-        time.sleep(0.02)
+        return info if st in want else None
+    return wait_until(f"{peer.kind} {peer.role} to be {'/'.join(want)}", reached, timeout,
+                      seen=lambda: last["info"].get("status"))
 
 
 def migrate(src, dst, multifd, channels=2, zpd="multifd", max_bandwidth=0, timeout=300,
