@@ -144,7 +144,7 @@ def test_readme_as_a_newcomer_runs_it():
     shell with nothing of this test's environment."""
     built = os.path.join(ROOT, "build", "bin", "qmigd")
     if os.path.realpath(QMIGD) != os.path.realpath(built):
-        raise Skip(f"the README's build is {built}; this run tests {QMIGD}")
+        raise Skip(f"the README's build is {built}; this run tests {QMIGD}", machine=True)
     script = "\n".join(text for lang, text, marked in blocks(PAGES[0]) if marked)
     paths = re.findall(r"(?:/tmp|/dev/shm)/[\w.-]+", script)
     env = {"HOME": os.environ.get("HOME", "/root"), "TERM": "dumb"}

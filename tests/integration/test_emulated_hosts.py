@@ -26,7 +26,7 @@ def hosts(rate=None):
         with TwoHosts(rate) as net:
             yield net
     except Unavailable as why:
-        skip(f"cannot make network namespaces here: {why}")
+        skip(f"cannot make network namespaces here: {why}", machine=True)
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ def on(kind):
         with backing_dir(kind, need=3 * SIZES[kind]) as d:
             yield d
     except Unavailable as why:
-        skip(f"{kind} unavailable here: {why}")
+        skip(f"{kind} unavailable here: {why}", machine=True)
 
 
 def image_pair(d, size):

@@ -89,7 +89,7 @@ def direct_io_dir():
         os.close(fd)
     except OSError as e:
         os.rmdir(d)
-        skip(f"{DISK_DIR} takes no O_DIRECT ({e})")
+        skip(f"{DISK_DIR} takes no O_DIRECT ({e})", machine=True)
     os.unlink(probe)
     return d
 
@@ -278,7 +278,7 @@ def small_fs(fstype, size="2m"):
                        capture_output=True, text=True)
     if r.returncode != 0:
         os.rmdir(d)
-        skip(f"cannot mount a {fstype}: {r.stderr.strip()}")
+        skip(f"cannot mount a {fstype}: {r.stderr.strip()}", machine=True)
     try:
         yield d
     finally:

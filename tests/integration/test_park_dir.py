@@ -240,7 +240,7 @@ def test_resume_from_a_read_only_directory_twice_at_once():
     d = copy_parked("ro")
     ro = new_dir("ro-mount")
     if subprocess.run(["mount", "--bind", d, ro]).returncode != 0:
-        skip("cannot bind-mount (not root?)")
+        skip("cannot bind-mount (not root?)", machine=True)
     try:
         subprocess.run(["mount", "-o", "remount,ro,bind", ro], check=True)
         before = snapshot(ro)

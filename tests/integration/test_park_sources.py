@@ -247,7 +247,7 @@ def test_hugetlbfs_directory_refused_at_start():
             check(r.returncode == 1 and "cannot hold a parked VM" in said, said[-600:])
             check(os.listdir(hd) == [], os.listdir(hd))
     except Unavailable as why:
-        skip(f"hugetlbfs unavailable here: {why}")
+        skip(f"hugetlbfs unavailable here: {why}", machine=True)
 
 
 def undurable_dir(tag):

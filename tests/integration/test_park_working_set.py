@@ -209,7 +209,7 @@ def test_read_only_directory_sends_its_working_set_twice_at_once():
     d = copy_parked("ro", ws_bytes([(0, 40 * MiB, 1), (0, 63 * MiB, 1)]))
     ro = tempfile.mkdtemp(prefix="ro-mount-", dir=WORK)
     if subprocess.run(["mount", "--bind", d, ro]).returncode != 0:
-        skip("cannot bind-mount (not root?)")
+        skip("cannot bind-mount (not root?)", machine=True)
     try:
         subprocess.run(["mount", "-o", "remount,ro,bind", ro], check=True)
         before = sorted((n, os.stat(os.path.join(ro, n)).st_mtime_ns) for n in os.listdir(ro))

@@ -163,7 +163,7 @@ def test_runas_and_chroot():
     try:
         nobody = pwd.getpwnam("nobody")
     except KeyError:
-        skip("no user 'nobody' on this host")
+        skip("no user 'nobody' on this host", machine=True)
     root = tempfile.mkdtemp(prefix="qmigd-chroot-")
     park = tempfile.mkdtemp(prefix="qmigd-park-", dir="/dev/shm")
     own = tempfile.mkdtemp(prefix="qmigd-notify-")  # 0700, root's
@@ -241,7 +241,7 @@ def test_incoming_exec_at_start_is_confined():
         try:
             nobody = pwd.getpwnam("nobody")
         except KeyError:
-            skip("no user 'nobody' on this host")
+            skip("no user 'nobody' on this host", machine=True)
         os.makedirs(os.path.dirname(out), exist_ok=True)
         d = Peer("qmigd", "dest", [(name, dst_img, size)], "sbx-inexec",
                  ["--sandbox", "on,spawn=allow", "--runas", "nobody", "--incoming",
@@ -267,7 +267,7 @@ def test_runas_ram_dir_is_the_users():
     try:
         nobody = pwd.getpwnam("nobody")
     except KeyError:
-        skip("no user 'nobody' on this host")
+        skip("no user 'nobody' on this host", machine=True)
     top = tempfile.mkdtemp(prefix="qmigd-runas-", dir="/dev/shm")
     os.chmod(top, 0o755)
     park = os.path.join(top, "vm")
@@ -317,7 +317,7 @@ def test_runas_ram_dir_cannot_be_swapped_for_a_link():
     try:
         nobody = pwd.getpwnam("nobody")
     except KeyError:
-        skip("no user 'nobody' on this host")
+        skip("no user 'nobody' on this host", machine=True)
     if not shutil.which("strace"):
         skip("no strace to widen the window")
     top = tempfile.mkdtemp(prefix="qmigd-race-", dir="/tmp")

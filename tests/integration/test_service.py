@@ -233,7 +233,7 @@ def test_incoming_name_resolves_off_the_loop():
     are served all through the lookup, which ends `failed` with QEMU's
     text; the daemon then listens on a numeric address as before."""
     if os.geteuid() != 0 or not shutil.which("unshare"):
-        skip("needs root and unshare for a private /etc/resolv.conf")
+        skip("needs root and unshare for a private /etc/resolv.conf", machine=True)
     dns = SilentDns()
     n = NotifySocket()
     d = None
@@ -279,7 +279,7 @@ def test_quit_during_a_lookup():
     lookups started and cancelled leave the daemon free to listen on the
     next address at once."""
     if os.geteuid() != 0 or not shutil.which("unshare"):
-        skip("needs root and unshare for a private /etc/resolv.conf")
+        skip("needs root and unshare for a private /etc/resolv.conf", machine=True)
     dns = SilentDns(timeout=20)
     try:
         with images(SIZE, "zero") as imgs:
