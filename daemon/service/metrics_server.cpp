@@ -198,6 +198,7 @@ void *MetricsServer::connection_started(MHD_Connection *c)
     t.fd = info ? info->connect_fd : -1;
     t.deadline = Clock::now() + limits_.deadline;
     t.self = std::prev(tracked_.end());
+    accepted_++;
     return &t;
 }
 

@@ -25,6 +25,7 @@
 // else on the server thread (serve() and libmicrohttpd's callbacks).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <list>
@@ -59,6 +60,9 @@ public:
     // Cuts every connection and joins the thread; a scrape in flight gets 503.
     void stop();
     int port() const { return port_; }
+    // Connections accepted so far (any thread: a test waits on it to know
+    // the server has seen its client).
+    uint64_t accepted() const { return accepted_.load(); }
 
     // A request's answer (server thread; public for the C callbacks).
     struct Answer {
@@ -103,6 +107,7 @@ private:
     int port_ = 0;       // set by start(), then read-only
     // Open connections, oldest first (server thread only).
     std::list<Tracked> tracked_;
+    std::atomic<uint64_t> accepted_{0}; // written by the server thread
     // The last text and when it was made (server thread only).
     static constexpr std::chrono::milliseconds kReuse{50};
     std::string text_cache_;

@@ -6,12 +6,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <thread>
 
 #include "daemon/channel.h"
 #include "daemon/io/file_channel.h"
 #include "daemon/io/migration_socket.h"
 #include "daemon/io/unique_fd.h"
+#include "waiting.h"
 
 using namespace qmigd;
 
@@ -56,8 +58,12 @@ TEST_CASE("Channel carries bytes both ways and its shutdown wakes a blocked read
     CHECK(std::string(buf, 5) == "hello");
 
     Status blocked;
-    std::thread reader([&] { blocked = right.read_full(buf, 5); });
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::atomic<pid_t> tid{0};
+    std::thread reader([&] {
+        tid = testing::this_tid();
+        blocked = right.read_full(buf, 5);
+    });
+    REQUIRE(testing::wait_blocked(tid)); // asleep in recv(), nothing to read
     right.shutdown();
     reader.join();
     CHECK_FALSE(blocked);

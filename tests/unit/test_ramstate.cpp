@@ -343,6 +343,8 @@ TEST_CASE("guest control: pause is a handshake; no guest means no wait", "[guest
     REQUIRE((*src)->pause(std::chrono::seconds(5)).ok());
     CHECK_FALSE(writing.load()); // acknowledged between writes
     uint64_t frozen = writes;
+    // A window to watch for a write that should not come (no event marks
+    // its absence); a defect shows as a failure, a slow machine cannot.
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     CHECK(writes == frozen);
     (*src)->resume();
