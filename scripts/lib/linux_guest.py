@@ -15,10 +15,10 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 
 import runner
 from runner import Peer, unique_name
+from waiting import wait_until
 
 INIT = r"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -132,13 +132,10 @@ class SerialLog:
         return re.findall(r"VERIFY ([0-9a-f]{32})", self.text())
 
     def wait_for(self, pred, timeout, what):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if pred(self):
-                return
-            time.sleep(0.1)
-        raise TimeoutError(f"guest: no {what} on {self.path} after {timeout} s; it printed:\n"
-                           + self.text()[-2000:])
+        """Until pred(self) holds; a WaitTimeout (a TimeoutError) shows
+        the end of what the guest printed instead."""
+        wait_until(f"guest: {what} on {self.path}", lambda: pred(self), timeout, every=0.1,
+                   seen=lambda: self.text()[-2000:])
 
 
 class LinuxGuest(Peer):
@@ -189,11 +186,13 @@ def boot(initrd, tag, log_dir=None, mem="512M", fill=32, timeout=BOOT_TIMEOUT, e
     raise Unavailable(f"no guest came up within {timeout} s under " + "; ".join(tried))
 
 
-def continued(before, after, timeout=30, checksum=None):
+def continued(before, after, timeout=BOOT_TIMEOUT, checksum=None):
     """Checks that the guest whose console was `before` runs on with
     console `after`: read as one console (a line may be cut by the
     switchover), the counter goes on by ones without a reboot, and every
-    VERIFY after it matches the first checksum. Returns (last n before,
+    VERIFY after it matches the first checksum (a VERIFY comes every 20
+    ticks: a TCG guest beside other tests may take a boot's time to print
+    one). Returns (last n before,
     first n after, the guest's uptime gap in seconds across the switch).
     `checksum`: the one the guest printed at boot, when `before` is a
     console after an earlier migration."""

@@ -33,6 +33,8 @@ query-migrate's socket-address, as QEMU 10 reports it).
 """
 import argparse
 import json
+import os
+import struct
 import subprocess
 import sys
 import time
@@ -42,6 +44,7 @@ from qmp_args import parse_args, parse_size, UsageError
 import runner
 from charts import require_matplotlib
 from timeline import Timeline
+from waiting import wait_until, WaitTimeout
 
 MiB = 1 << 20
 
@@ -187,9 +190,9 @@ class Postcopy:
         self.after, self.src, self.dst, self.t0, self.out = after, src, dst, t0, out
         self.asked = self.running = after is None
 
-    def step(self):
+    def step(self, ask=True):
         now = time.monotonic() - self.t0
-        if not self.asked and now >= self.after:
+        if ask and not self.asked and now >= self.after:
             self.src.qmp.cmd("migrate-start-postcopy")
             self.asked = True
             print(f"switching to postcopy after {now:.2f} s", file=self.out, flush=True)
@@ -201,14 +204,36 @@ class Postcopy:
 
 
 def start_guest(spec, src):
-    """qmigd guest writing the source's first image (live scenarios)."""
+    """qmigd guest writing the source's first image (live scenarios);
+    returns once it writes, so that the migration starts on a live guest."""
     ram = src.spec["ram"][0]
     argv = [runner.QMIGD, "guest", "--ram", f"{ram.get('name', 'mem')}={ram['path']}",
             "--rate", str(spec.get("rate", 20000)), "--pattern", spec.get("pattern", "random"),
             "--seed", str(spec.get("seed", 1))]
     if "hot-set" in spec:
         argv += ["--hot-set", str(parse_size(spec["hot-set"]))]
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until("the guest to write a page", lambda: guest_pages(proc, ram["path"]))
+    except BaseException:
+        runner.end_process(proc)
+        raise
+    return proc
+
+
+def guest_pages(proc, image):
+    """Pages the guest wrote so far, from its control record (beside the
+    image, or in /dev/shm for hugetlbfs: runner.Guest's rule)."""
+    if proc.poll() is not None:
+        raise RuntimeError(f"qmigd guest exited with {proc.returncode}")
+    control = image + ".ctl"
+    if runner.fs_type(image) == "hugetlbfs":
+        control = "/dev/shm/qmigd" + os.path.abspath(image).replace("/", "_") + ".ctl"
+    try:
+        with open(control, "rb") as f:
+            return struct.unpack("<6I2Q", f.read(40))[7]
+    except (OSError, struct.error):
+        return 0  # not made yet
 
 
 def run(scn, out=sys.stdout):
@@ -230,29 +255,33 @@ def run(scn, out=sys.stdout):
             port = dst.qmp.cmd("query-migrate")["socket-address"][0]["port"]
         if "guest" in scn:
             guest = start_guest(scn["guest"], src)
-            time.sleep(0.5)
         print(f"migrating {src.kind} -> {dst.kind} via tcp:{host}:{port}", file=out, flush=True)
         t0 = time.monotonic()
         src.qmp.cmd("migrate", uri=f"tcp:{host}:{port}")
         incoming = False  # the migration's own end ends it from here on
         bar = Progress(out)
-        deadline = t0 + scn.get("timeout", 600)
         postcopy = Postcopy(scn.get("postcopy-after"), src, dst, t0, out)
         timeline = Timeline(f"{src.kind} -> {dst.kind}") if scn.get("plot") else None
-        while True:
+
+        def ended():
             postcopy.step()
             info = src.qmp.cmd("query-migrate")
             bar.show(info)
             if timeline:
                 timeline.record(info)
-            if info.get("status") in ("completed", "failed", "cancelled"):
-                break
-            if time.monotonic() > deadline:
-                src.qmp.cmd("migrate_cancel")
-                bar.done()
-                print("timed out: cancelled", file=out)
-                return 1
-            time.sleep(0.1)
+            return info if info.get("status") in ("completed", "failed", "cancelled") else None
+        try:
+            # Sampled every 0.1 s: the bar's and the timeline's pace.
+            info = wait_until("the migration to end", ended, scn.get("timeout", 600), every=0.1)
+        except WaitTimeout:
+            src.qmp.cmd("migrate_cancel")
+            bar.done()
+            print("timed out: cancelled", file=out)
+            return 1
+        if info["status"] == "completed":
+            # The destination may have run the guest and completed between
+            # two samples: say so now, rather than not at all.
+            postcopy.step(ask=False)
         bar.done()
         if timeline:
             samples = timeline.save(scn["plot"])
@@ -262,12 +291,16 @@ def run(scn, out=sys.stdout):
             line, d = summary(info["status"], time.monotonic() - t0, info)
             print(json.dumps(d) if scn.get("json") else line, file=out, flush=True)
             return 1
-        end = time.monotonic() + 60
-        while True:
-            dinfo = dst.qmp.cmd("query-migrate")
-            if dinfo.get("status") in ("completed", "failed") or time.monotonic() > end:
-                break
-            time.sleep(0.05)
+        last = {}
+
+        def dst_ended():
+            d = last["info"] = dst.qmp.cmd("query-migrate")
+            return d.get("status") in ("completed", "failed")
+        try:
+            wait_until("the destination to end", dst_ended)
+        except WaitTimeout as e:
+            print(f"destination: {e}", file=out)  # and the run fails: not completed
+        dinfo = last["info"]
         secs = time.monotonic() - t0
         print(f"completed in {secs:.2f} s", file=out)
         for name, side in (("source", src), ("destination", dst)):

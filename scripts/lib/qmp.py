@@ -5,7 +5,8 @@ execute with id, events kept in a queue.
 """
 import json
 import socket
-import time
+
+from waiting import wait_until, WaitTimeout
 
 
 class QMPError(Exception):
@@ -22,17 +23,24 @@ class QMP:
         (QEMU runs the commands only once it has made the machine)."""
         self.path = path
         startup = max(timeout, startup or 0)
-        deadline = time.monotonic() + startup
-        while True:
+        refused = []
+
+        def connected():
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                self.sock.connect(path)
-                break
-            except OSError:
-                self.sock.close()
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
+                s.connect(path)
+                return s
+            except OSError as e:
+                s.close()
+                refused[:] = [e]
+                return None
+        try:
+            self.sock = wait_until(f"{path} to take a connection", connected, startup,
+                                   seen=lambda: refused[0])
+        except WaitTimeout:
+            # The connect's own error: callers tell a missing socket from
+            # one nobody listens on by it (migrate_run.connect_monitor).
+            raise refused[0] from None
         self.sock.settimeout(startup)
         self.buf = b""
         self.events = []

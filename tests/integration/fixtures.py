@@ -4,12 +4,12 @@ import contextlib
 import os
 import shutil
 import socket
-
 import time
 
 from runner import Peer, make_image, migrate, files_equal, remove, unique_name, PAGE
 from runner import start_incoming, wait_status, stop_all
 from itest import check
+from waiting import wait_until, DEADLINE
 
 MiB = 1 << 20
 ODD_SIZE = 257 * MiB + 12 * 1024
@@ -111,13 +111,22 @@ SLOW = 32 * MiB  # max-bandwidth that makes a 64 MiB migration take ~2 s
 
 
 def begin(src, dst, bandwidth=SLOW):
-    """Starts a slow multifd migration and returns once it is active."""
+    """Starts a slow multifd migration and returns once it is under way on
+    both sides: the destination is active (it has every channel: main and
+    multifd) and RAM is on the wire (the source counts bytes sent)."""
     src.set_migration(True, 2, "multifd", bandwidth)
     dst.set_migration(True, 2)
     port = start_incoming(dst)
     src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
-    wait_status(src, ("active",), timeout=10)
-    time.sleep(0.4)
+    wait_status(src, ("active",), timeout=DEADLINE)
+    wait_status(dst, ("active",), timeout=DEADLINE)
+    last = {}
+
+    def sending():
+        info = last["info"] = src.status()
+        check(info["status"] == "active", f"the source left active: {info}")
+        return info.get("ram", {}).get("transferred")
+    wait_until("the source to send RAM", sending, seen=lambda: last["info"])
 
 
 def good_run(src, imgs, dst):
@@ -168,12 +177,11 @@ class NotifySocket:
             pass
         return [m for _, m in self.messages]
 
-    def wait_for(self, text, timeout=10):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(text in m for m in self.read(0.05)):
-                return
-        raise AssertionError(f"no {text!r} in {self.read()}")
+    def wait_for(self, text, timeout=DEADLINE):
+        def said():
+            # read() waits up to 50 ms for a datagram: the poll's own pace.
+            return any(text in m for m in self.read(0.05))
+        wait_until(f"{text!r} on the notify socket", said, timeout, every=0, seen=self.read)
 
     def close(self):
         self.sock.close()

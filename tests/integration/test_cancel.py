@@ -1,8 +1,6 @@
 #!/usr/bin/env python3
 """Cancel, refused connects and vanishing peers, each followed by a good
 migration on the same daemons."""
-import time
-
 from itest import test, main, check
 from fixtures import images, peers, begin, good_run, good_run_with_new, MiB
 from runner import wait_status, free_port
@@ -15,11 +13,11 @@ def cancel_midway(src, dst, dst_survives=True):
     and running; a surviving destination ends `failed` with an error-desc."""
     begin(src, dst)
     src.qmp.cmd("migrate_cancel")
-    info = wait_status(src, ("cancelled",), timeout=10, fail_on=("failed", "completed"))
+    info = wait_status(src, ("cancelled",), fail_on=("failed", "completed"))
     check(set(info) == {"status"}, info)
     check(src.qmp.cmd("query-status")["status"] == "running")
     if dst_survives:
-        d = wait_status(dst, ("failed",), timeout=10, fail_on=("completed",))
+        d = wait_status(dst, ("failed",), fail_on=("completed",))
         check("error-desc" in d, d)
 
 
@@ -50,7 +48,7 @@ def test_connection_refused():
     with images(SIZE, "mixed") as imgs, peers("qmigd", "qmigd", imgs) as (src, dst):
         port = free_port()
         src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
-        info = wait_status(src, ("failed",), timeout=10, fail_on=("completed",))
+        info = wait_status(src, ("failed",), fail_on=("completed",))
         check(info["error-desc"] == f"Failed to connect to '127.0.0.1:{port}': Connection refused",
               info)
         good_run(src, imgs, dst)
@@ -61,7 +59,7 @@ def test_destination_disappears():
     with images(SIZE, "mixed") as imgs, peers("qmigd", "qmigd", imgs) as (src, dst):
         begin(src, dst)
         dst.stop()  # quit: the destination closes every channel
-        info = wait_status(src, ("failed",), timeout=10, fail_on=("completed",))
+        info = wait_status(src, ("failed",), fail_on=("completed",))
         check("error-desc" in info, info)
         check(src.qmp.cmd("query-status")["status"] == "running")
         good_run_with_new("qmigd", "dest", imgs, src)
@@ -72,7 +70,7 @@ def test_source_disappears():
     with images(SIZE, "mixed") as imgs, peers("qemu", "qmigd", imgs) as (src, dst):
         begin(src, dst)
         src.stop()
-        d = wait_status(dst, ("failed",), timeout=10, fail_on=("completed",))
+        d = wait_status(dst, ("failed",), fail_on=("completed",))
         check("error-desc" in d, d)
         good_run_with_new("qmigd", "source", imgs, dst)
 

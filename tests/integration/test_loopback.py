@@ -5,12 +5,12 @@ import json
 import os
 import re
 import subprocess
-import time
 
 from itest import test, main, check, skip
 from fixtures import run_cell, MiB
 from fixtures import images, peers, begin, good_run
 from runner import wait_status, QMIGD
+from waiting import wait_until
 
 SIZE = 32 * MiB
 
@@ -27,8 +27,8 @@ def test_cancel_then_migrate():
     with images(SIZE, "mixed") as imgs, peers("qmigd", "qmigd", imgs) as (src, dst):
         begin(src, dst, bandwidth=8 * MiB)
         src.qmp.cmd("migrate_cancel")
-        wait_status(src, ("cancelled",), timeout=10, fail_on=("failed", "completed"))
-        wait_status(dst, ("failed",), timeout=10, fail_on=("completed",))
+        wait_status(src, ("cancelled",), fail_on=("failed", "completed"))
+        wait_status(dst, ("failed",), fail_on=("completed",))
         good_run(src, imgs, dst)
 
 
@@ -51,7 +51,7 @@ def test_local_destination_gets_small_send_buffers():
             begin(src, dst, bandwidth=4 * MiB)
             tbs = send_buffers(dst)
             src.qmp.cmd("migrate_cancel")
-            wait_status(src, ("cancelled",), timeout=10, fail_on=("failed", "completed"))
+            wait_status(src, ("cancelled",), fail_on=("failed", "completed"))
             with open(src.log_path) as f:
                 said = "destination is on this host" in f.read()
             check(len(tbs) == 3, f"main + 2 multifd sockets expected, ss shows {tbs}")
@@ -59,6 +59,17 @@ def test_local_destination_gets_small_send_buffers():
                 check(tbs == [want] * 3 and said, f"--local-send-buffer {arg}: {tbs}, {said}")
             else:
                 check(2 * 131072 not in tbs and not said, f"autotuning expected: {tbs}, {said}")
+
+
+def mid_pass(proc, d):
+    """True while proc maps a scratch file of d: its fault pass runs. The
+    file has no name by then (unlinked at once), so the maps say it."""
+    check(proc.poll() is None, f"limits ended ({proc.returncode}) before its fault pass was seen")
+    try:
+        with open(f"/proc/{proc.pid}/maps") as f:
+            return any(f" {d}/.qmigd-" in line for line in f)
+    except OSError:
+        return False
 
 
 @test
@@ -103,7 +114,8 @@ def test_limits_reports_this_machine():
     d = tempfile.mkdtemp(prefix="qmigd-limits-", dir="/dev/shm")
     try:
         k = subprocess.Popen([QMIGD, "limits", "--dir", d, "--fault-bytes", str(1 << 30)])
-        time.sleep(0.2)
+        wait_until("limits to map its scratch file (the fault pass runs)",
+                   lambda: mid_pass(k, d), seen=lambda: os.listdir(d))
         k.terminate()
         k.wait(timeout=30)
         check(os.listdir(d) == [], f"left behind by a killed limits: {os.listdir(d)}")

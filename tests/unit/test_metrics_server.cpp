@@ -143,10 +143,10 @@ TEST_CASE("metrics: a connection sending a byte at a time is cut at its deadline
     }
     auto took = Clock::now() - t0;
     CHECK(cut);
-    // Not before its deadline (counted from the accept, after t0), and at
-    // it rather than never: a latency test, its upper margin 10x for a
-    // loaded machine.
-    CHECK(took >= std::chrono::milliseconds(300));
+    // Not before its deadline (counted from the accept, which may come a
+    // little before t0), and at it rather than never: a latency test, its
+    // upper margin 10x for a loaded machine.
+    CHECK(took >= std::chrono::milliseconds(250));
     CHECK(took < std::chrono::milliseconds(3000));
     ::close(fd);
 }
