@@ -20,7 +20,6 @@ import shutil
 import socket
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "lib"))
 import tls_certs  # noqa: E402
@@ -29,6 +28,7 @@ from fixtures import images, peers, hand_over_socketpair, MiB  # noqa: E402
 from runner import (start_incoming, wait_status, files_equal, migrate, sandbox_spawning,  # noqa: E402
                     proc_status)
 from qmp import QMPError  # noqa: E402
+from waiting import wait_until, wait_file, wait_text  # noqa: E402
 
 SIZE = 64 * MiB
 ROOT = tempfile.mkdtemp(prefix="qmigd-tls-")
@@ -126,16 +126,9 @@ def test_expired_server_certificate():
     source_failure(EXPIRED_SERVER, "The certificate")
 
 
-def log_says(peer, text, timeout=10):
-    """Whether peer's log comes to hold text within timeout seconds."""
-    end = time.monotonic() + timeout
-    while True:
-        with open(peer.log_path, errors="replace") as f:
-            if text in f.read():
-                return True
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.1)
+def wait_log(peer, text):
+    """Until peer's log holds text."""
+    wait_text(peer.log_text, text, where=f"{peer.kind} {peer.role}'s log")
 
 
 def refused_then_served(s, d, port, expect):
@@ -146,7 +139,7 @@ def refused_then_served(s, d, port, expect):
     The same listener then takes a good source, byte-identical."""
     wait_status(s, ("failed",), timeout=30, fail_on=("completed",))
     if expect and d.kind == "qmigd":
-        check(log_says(d, expect), f"the destination's log lacks {expect!r}")
+        wait_log(d, expect)  # it has refused: it listens on, in setup
     check(d.status()["status"] == "setup", f"{d.kind} destination: {d.status()}")
     if s.kind == "qmigd":
         s.qmp.cmd("cont")
@@ -197,10 +190,10 @@ def authz_migration(dst_kind, policy, rules, expect_ok, client_dir=CLIENT, multi
             wait_status(d, ("completed",), timeout=30)
             return
         wait_status(s, ("failed",), timeout=30, fail_on=("completed",))
+        if dst_kind == "qmigd":  # it has denied the client: it listens on, in setup
+            wait_log(d, "TLS x509 authz check for")
+            wait_log(d, "is denied")
         check(d.status()["status"] == "setup", f"{dst_kind}: {d.status()}")
-        if dst_kind == "qmigd":
-            check(log_says(d, "TLS x509 authz check for") and log_says(d, "is denied"),
-                  "the destination's log does not say the client was denied")
 
 
 @test
@@ -354,11 +347,8 @@ for src_kind, dst_kind in DIRECTIONS:
 STDIO_TCP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stdio_tcp.py")
 
 
-def wait_port_file(path, timeout=30):
-    end = time.monotonic() + timeout
-    while not os.path.exists(path):
-        check(time.monotonic() < end, f"{path} did not appear")
-        time.sleep(0.05)
+def wait_port_file(path):
+    wait_file(path)  # stdio_tcp.py writes it whole, under another name first
     with open(path) as f:
         return int(f.read())
 
@@ -486,6 +476,18 @@ def test_tls_source_into_plain_destination():
         check(files_equal(sp, dp))
 
 
+def unread(port):
+    """Bytes not yet read by the listener on 127.0.0.1:port, on each of its
+    established connections (/proc/net/tcp's rx_queue, accepted or not)."""
+    out = []
+    with open("/proc/net/tcp") as f:
+        for line in list(f)[1:]:
+            local, _, state, queues = line.split()[1:5]
+            if state == "01" and int(local.split(":")[1], 16) == port:
+                out.append(int(queues.split(":")[1], 16))
+    return out
+
+
 @test
 def test_stalled_client_hellos_hold_no_thread():
     """Stalled ClientHellos on a TLS listener: a connection gets a handshake
@@ -501,7 +503,11 @@ def test_stalled_client_hellos_hold_no_thread():
         held = [socket.create_connection(("127.0.0.1", port)) for _ in range(100)]
         for h in held:
             h.sendall(b"\x16\x03\x01\x02\x00")  # a 512-byte record that never comes
-        time.sleep(0.5)
+        # Once the daemon has read every header (the kernel holds no byte
+        # of them unread), whatever it does with a stalled hello is done.
+        wait_until("the destination to read the 100 record headers",
+                   lambda: len(unread(port)) >= 100 and not any(unread(port)),
+                   seen=lambda: unread(port))
         threads = int(proc_status(d.proc.pid)["Threads"])
         check(threads == before, f"{threads - before} threads for 100 stalled ClientHellos")
         check(d.status()["status"] == "setup")
