@@ -1,23 +1,34 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs every test through ctest.
-# Then builds with each sanitizer in QMIGD_SANITIZE (default in CI:
-# "address thread"; locally: none) and runs the tests labelled `sanitizer`
-# (unit, loopback, bad input) under it, in build-asan / build-tsan.
-# Arguments go to the release build's ctest: `./scripts/test.sh -R NAME`
-# runs one test. Each phase says how long it took; each ctest run ends with
-# its ten slowest tests. Tests run one at a time unless CTEST_PARALLEL_LEVEL
-# says more (tests/CMakeLists.txt marks what must run alone): two at a time
-# saved 30% but failed 2 of 3 CI runs here on timing (docs/testing.md).
+# Installs what is missing, builds, and runs every test through ctest,
+# side by side (CTEST_PARALLEL_LEVEL, default: the number of CPUs).
+#   ./scripts/test.sh                 everything: release tests, clang's
+#                                     thread-safety analysis, and under CI
+#                                     the ASan+UBSan, TSan and fuzz trees
+#   ./scripts/test.sh --quick         the unit tests and a few small
+#                                     integration tests (label quick), in
+#                                     about three minutes from a built tree
+#   ./scripts/test.sh -R NAME         arguments go to the release ctest
+# QMIGD_SANITIZE picks the sanitizer trees (default in CI: "address
+# thread"; locally: none); each runs the tests labelled `sanitizer`.
+# Each phase says how long it took; each ctest run ends with its ten
+# slowest tests. docs/testing.md has the measured phases.
 #
-# The sanitizer and fuzz trees build one after the other in the background
-# at nice 19 while the release tests run: the tests mostly wait on sockets,
-# timers and QEMU, and a test's thread preempts a niced compiler when it
-# wakes. Each test phase first waits for its tree.
+# The thread-safety check and the sanitizer and fuzz trees build one after
+# the other in the background at nice 19 while the release tests run: the
+# tests mostly wait on sockets, timers and QEMU, and a test's thread
+# preempts a niced compiler when it wakes. Each later phase first waits
+# for its tree.
 set -euo pipefail
-if [ "${CI:-}" = true ]; then
+quick=
+if [ "${1:-}" = --quick ]; then
+    quick=yes
+    shift
+fi
+if [ "${CI:-}" = true ] && [ -z "$quick" ]; then
     : "${QMIGD_SANITIZE=address thread}"
 fi
-export CTEST_PARALLEL_LEVEL=${CTEST_PARALLEL_LEVEL:-1}
+[ -z "$quick" ] || QMIGD_SANITIZE=
+export CTEST_PARALLEL_LEVEL=${CTEST_PARALLEL_LEVEL:-$(nproc)}
 cd "$(dirname "$0")/.."
 
 phase_start=$SECONDS
@@ -27,50 +38,60 @@ phase() {
 }
 
 # ctest in DIR with ARGS, each test's lines as they come (an integration
-# test says PASS/FAIL per case: no long silence), its output kept in
+# test says PASS/FAIL per case: no long silence), each line prefixed with
+# PREFIX when two ctest runs share the terminal, its output kept in
 # DIR/ctest-output.log, then its ten slowest tests.
 run_ctest() {
-    local dir=$1
-    shift
+    local dir=$1 prefix=$2
+    shift 2
     local log="$dir/ctest-output.log" rc=0
     (cd "$dir" && ctest --verbose "$@") 2>&1 | grep --line-buffered -v \
         -e '^UpdateCTestConfiguration' -e '^Parse Config' -e '^ Add coverage exclude' \
         -e '^Constructing a list of tests' -e '^Updating test list' -e '^Checking test dependency' \
         -e '^[0-9]*: Test command:' -e '^[0-9]*: Working Directory:' -e '^[0-9]*: Environment variables:' \
-        -e '^[0-9]*:  [A-Z_]*=' -e '^Test timeout computed' | tee "$log" || rc=$?
-    echo "test.sh: slowest tests in $dir:"
-    sed -n 's/^ *[0-9]*\/[0-9]* Test *#[0-9]*: \([^ ]*\) .* \([0-9.]*\) sec$/\2 \1/p' "$log" \
-        | sort -rn | head -10 | awk '{printf "  %8.1f s  %s\n", $1, $2}'
+        -e '^[0-9]*:  [A-Z_]*=' -e '^Test timeout computed' | tee "$log" \
+        | sed -u "s/^/$prefix/" || rc=$?
+    {
+        echo "test.sh: slowest tests in $dir:"
+        sed -n 's/^ *[0-9]*\/[0-9]* Test *#[0-9]*: \([^ ]*\) .* \([0-9.]*\) sec$/\2 \1/p' "$log" \
+            | sort -rn | head -10 | awk '{printf "  %8.1f s  %s\n", $1, $2}'
+        grep -A40 "tests passed.*tests failed" "$log" | grep -v "^$" || true
+    } | sed "s/^/$prefix/"
     return "$rc"
 }
 
-# Configures DIR with cmake ARGS and builds its TARGET (output in
-# DIR/build.log); then writes "STATUS SECONDS" to DIR/build.done, which
-# wait_tree waits for.
-build_tree() {
-    local dir=$1 target=$2 t0=$SECONDS rc=0
-    shift 2
+# Runs CMD... (its output in DIR/build.log); then writes "STATUS SECONDS"
+# to DIR/build.done, which wait_tree waits for.
+background_step() {
+    local dir=$1 t0=$SECONDS rc=0
+    shift
     rm -f "$dir/build.done"
     mkdir -p "$dir"
-    { cmake -S . -B "$dir" "$@" && cmake --build "$dir" --target "$target" -j"$(nproc)"; } \
-        >"$dir/build.log" 2>&1 || rc=$?
+    "$@" >"$dir/build.log" 2>&1 || rc=$?
     echo "$rc $((SECONDS - t0))" >"$dir/build.done"
 }
 
-# Waits for the background build of DIR (NAME in the phase line); its log
+# Configures DIR with cmake ARGS and builds its TARGET.
+build_tree() {
+    local dir=$1 target=$2
+    shift 2
+    cmake -S . -B "$dir" "$@" && cmake --build "$dir" --target "$target" -j"$(nproc)"
+}
+
+# Waits for the background step of DIR (NAME in the phase line); its log
 # and exit on failure. While nothing else runs, the builds run at nice 0
 # (root may lower it; elsewhere they stay niced).
 wait_tree() {
     local dir=$1 name=$2 rc secs
     [ -e "$dir/build.done" ] || renice -n 0 -g "$builds_pid" >/dev/null 2>&1 || true
     while [ ! -e "$dir/build.done" ]; do
-        kill -0 "$builds_pid" 2>/dev/null || { echo "test.sh: the $name build died"; exit 1; }
+        kill -0 "$builds_pid" 2>/dev/null || { echo "test.sh: the $name step died"; exit 1; }
         sleep 1
     done
     renice -n 19 -g "$builds_pid" >/dev/null 2>&1 || true
     read -r rc secs <"$dir/build.done"
-    [ "$rc" = 0 ] || { cat "$dir/build.log"; echo "test.sh: building ($name) failed"; exit 1; }
-    phase "waiting for the $name build (it took $secs s in the background)"
+    [ "$rc" = 0 ] || { tail -200 "$dir/build.log"; echo "test.sh: $name failed"; exit 1; }
+    phase "waiting for $name (it took $secs s in the background)"
 }
 
 # -g1 keeps the line tables a sanitizer's report prints, not the variables'
@@ -99,16 +120,19 @@ phase "building (release)"
 # In a process group of its own (set -m), so that an early exit ends the
 # compilers too.
 builds_pid=
-if [ -n "${QMIGD_SANITIZE:-}" ]; then
+if [ -z "$quick" ]; then
     set -m
     (
         renice -n 19 -p "$BASHPID" >/dev/null
-        for san in $QMIGD_SANITIZE; do
-            build_tree "$(san_dir "$san")" all -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQMIGD_SANITIZE="$san" \
+        background_step build/thread-safety ./scripts/thread-safety.sh build
+        for san in ${QMIGD_SANITIZE:-}; do
+            background_step "$(san_dir "$san")" build_tree "$(san_dir "$san")" all \
+                -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQMIGD_SANITIZE="$san" \
                 -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$(san_flags "$san")"
         done
         if [ -n "$fuzz" ]; then
-            CXX=clang++ build_tree build-fuzz fuzz_all -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQMIGD_FUZZ=ON
+            CXX=clang++ background_step build-fuzz build_tree build-fuzz fuzz_all \
+                -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQMIGD_FUZZ=ON
         fi
     ) &
     builds_pid=$!
@@ -116,19 +140,34 @@ if [ -n "${QMIGD_SANITIZE:-}" ]; then
     trap 'kill -- -"$builds_pid" 2>/dev/null || true' EXIT
 fi
 
-run_ctest build "$@"
+if [ -n "$quick" ]; then
+    run_ctest build "" -L quick "$@"
+    phase "quick tests"
+    exit 0
+fi
+run_ctest build "" "$@"
 phase "release tests"
+wait_tree build/thread-safety "the thread-safety analysis"
 
-for san in ${QMIGD_SANITIZE:-}; do
-    dir=$(san_dir "$san")
-    wait_tree "$dir" "$san"
-    run_ctest "$dir" -L sanitizer
-    phase "$san tests"
-done
+# The sanitizer trees' tests, both at once (each one at a time: each
+# sanitizer slows its test 2-10x, so two such tests fill the machine).
+if [ -n "${QMIGD_SANITIZE:-}" ]; then
+    pids=()
+    for san in $QMIGD_SANITIZE; do
+        dir=$(san_dir "$san")
+        wait_tree "$dir" "the $san build"
+        CTEST_PARALLEL_LEVEL=1 run_ctest "$dir" "[$san] " -L sanitizer &
+        pids+=($!)
+    done
+    rc=0
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    phase "sanitizer tests"
+    [ "$rc" = 0 ] || { echo "test.sh: sanitizer tests failed"; exit 1; }
+fi
 
 # A short libFuzzer run of each target from its checked-in corpus.
 if [ -n "$fuzz" ]; then
-    wait_tree build-fuzz fuzz
-    run_ctest build-fuzz -L fuzz -j"$(nproc)"
+    wait_tree build-fuzz "the fuzz build"
+    run_ctest build-fuzz "" -L fuzz -j"$(nproc)"
     phase "fuzzing"
 fi
