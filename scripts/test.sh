@@ -30,6 +30,7 @@ fi
 [ -z "$quick" ] || QMIGD_SANITIZE=
 export CTEST_PARALLEL_LEVEL=${CTEST_PARALLEL_LEVEL:-$(nproc)}
 cd "$(dirname "$0")/.."
+. scripts/lib/trees.sh
 
 phase_start=$SECONDS
 phase() {
@@ -71,13 +72,6 @@ background_step() {
     echo "$rc $((SECONDS - t0))" >"$dir/build.done"
 }
 
-# Configures DIR with cmake ARGS and builds its TARGET.
-build_tree() {
-    local dir=$1 target=$2
-    shift 2
-    cmake -S . -B "$dir" "$@" && cmake --build "$dir" --target "$target" -j"$(nproc)"
-}
-
 # Waits for the background step of DIR (NAME in the phase line); its log
 # and exit on failure. While nothing else runs, the builds run at nice 0
 # (root may lower it; elsewhere they stay niced).
@@ -92,17 +86,6 @@ wait_tree() {
     read -r rc secs <"$dir/build.done"
     [ "$rc" = 0 ] || { tail -200 "$dir/build.log"; echo "test.sh: $name failed"; exit 1; }
     phase "waiting for $name (it took $secs s in the background)"
-}
-
-# -g1 keeps the line tables a sanitizer's report prints, not the variables'
-# descriptions; ASan+UBSan at -O1 (ASan's own advice), TSan at -O2. Of
-# -O2 -g they take 55% and 75% of the compiler's time.
-san_flags() {
-    case $1 in address) echo "-O1 -g1 -DNDEBUG" ;; *) echo "-O2 -g1 -DNDEBUG" ;; esac
-}
-
-san_dir() {
-    case $1 in address) echo build-asan ;; thread) echo build-tsan ;; *) echo "build-$1" ;; esac
 }
 
 # libFuzzer targets where clang is there (tests/fuzz/CMakeLists.txt).
@@ -126,9 +109,7 @@ if [ -z "$quick" ]; then
         renice -n 19 -p "$BASHPID" >/dev/null
         background_step build/thread-safety ./scripts/thread-safety.sh build
         for san in ${QMIGD_SANITIZE:-}; do
-            background_step "$(san_dir "$san")" build_tree "$(san_dir "$san")" all \
-                -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQMIGD_SANITIZE="$san" \
-                -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$(san_flags "$san")"
+            background_step "$(san_dir "$san")" build_san_tree "$san"
         done
         if [ -n "$fuzz" ]; then
             CXX=clang++ background_step build-fuzz build_tree build-fuzz fuzz_all \
