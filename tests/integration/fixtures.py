@@ -129,6 +129,20 @@ def begin(src, dst, bandwidth=SLOW):
     wait_until("the source to send RAM", sending, seen=lambda: last["info"])
 
 
+def events_through(qmp, status="completed"):
+    """Every event `qmp` has had, once the MIGRATION event with `status` is
+    among them (with "completed": all of a migration's events), and a
+    command's round trip after it: what the peer sent before answering
+    that is in too."""
+    def came():
+        return any(e["event"] == "MIGRATION" and e.get("data", {}).get("status") == status
+                   for e in qmp.poll_events())
+    wait_until(f"the MIGRATION {status} event on {qmp.path}", came,
+               seen=lambda: [e["event"] for e in qmp.events])
+    qmp.cmd("query-status")
+    return qmp.events
+
+
 def good_run(src, imgs, dst):
     """A full migration that must leave identical images."""
     _, s, d, _ = imgs[0]
