@@ -3,10 +3,10 @@
 round are sent again, and the destination ends equal to the source."""
 import mmap
 import os
-import time
 
 from itest import test, main, check
-from fixtures import images, peers, MiB
+from fixtures import images, peers, events_through, MiB
+from waiting import wait_until
 from runner import start_incoming, wait_status, files_equal, Peer, make_image, remove, unique_name
 
 SIZE = 64 * MiB
@@ -28,6 +28,14 @@ def write_and_mark(image, pages, fill):
         bm.close()
 
 
+def first_pages_sent(src):
+    """True once the source has less than SIZE - 4 MiB left; raises if the
+    migration ended first (the rewrite would come too late)."""
+    info = src.status()
+    check(info["status"] == "active", f"the migration left active before 4 MiB went: {info}")
+    return info["ram"]["remaining"] < SIZE - 4 * MiB
+
+
 @test
 def test_redirtied_pages_are_sent_again():
     with images(SIZE, "mixed") as imgs, peers("qmigd", "qmigd", imgs) as (src, dst):
@@ -36,21 +44,23 @@ def test_redirtied_pages_are_sent_again():
         dst.set_migration(True, 4)
         port = start_incoming(dst)
         src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
-        wait_status(src, ("active",), timeout=10)
-        time.sleep(1.5)  # ~12 MiB sent: the first pages are done
-        remaining = src.status()["ram"]["remaining"]
-        check(remaining < SIZE - 4 * MiB, f"first pages not sent yet ({remaining})")
+        # The first pass goes in page order: once 4 MiB of it is sent, the
+        # pages rewritten below (the first 2.1 MiB) were sent once already.
+        wait_status(src, ("active",))
+        wait_until("the first 4 MiB to be sent", lambda: first_pages_sent(src),
+                   seen=lambda: src.status())
         rewritten = list(range(0, 256)) + list(range(512, 520))
         write_and_mark(s_img, rewritten,
                        lambda p: bytes(4096) if p >= 512 else os.urandom(4096))
-        info = wait_status(src, ("completed",), timeout=60)
-        wait_status(dst, ("completed",), timeout=10)
+        info = wait_status(src, ("completed",))
+        wait_status(dst, ("completed",))
         ram = info["ram"]
         check(files_equal(s_img, d_img), "destination differs from the source")
         check(ram["normal"] + ram["duplicate"] == PAGES + len(rewritten),
               f"pages sent {ram['normal'] + ram['duplicate']}, want {PAGES + len(rewritten)}")
         check(ram["dirty-sync-count"] >= 3, ram)
-        passes = [e["data"]["pass"] for e in src.qmp.poll_events(0.2) if e["event"] == "MIGRATION_PASS"]
+        passes = [e["data"]["pass"] for e in events_through(src.qmp)
+                  if e["event"] == "MIGRATION_PASS"]
         check(passes == list(range(1, ram["dirty-sync-count"] + 1)), passes)
 
 
