@@ -10,11 +10,10 @@ import os
 import subprocess
 
 from itest import test, main, check, skip
-import time
-
 from runner import (Peer, Guest, make_image, migrate, files_equal, remove, unique_name, QMIGD,
                     start_incoming, wait_status)
 from backing import backing_dir, Unavailable
+from waiting import wait_until
 
 MiB = 1 << 20
 SIZES = {"hugetlbfs": 130 * MiB, "thp": 129 * MiB + 12 * 1024}
@@ -91,8 +90,23 @@ for kind in ("hugetlbfs", "thp"):
     cell(kind, "qmigd", "qmigd", False, "none", "file")
 
 
+def precopy_then_dirtied(src, guest):
+    """Returns once precopy has sent 8 MiB (what half a second at 16 MiB/s
+    sends) and the guest has written 2000 random pages after that: some of
+    them fall in huge pages already sent, which are then partly dirty."""
+    def sent():
+        info = src.status()
+        check(info["status"] == "active", f"the source left precopy: {info}")
+        return info["ram"]["transferred"] >= 8 * MiB
+    wait_status(src, ("active",))
+    wait_until("precopy to send 8 MiB", sent, seen=src.status)
+    then = guest.pages_written()
+    wait_until("the guest to write 2000 pages", lambda: guest.pages_written() >= then + 2000,
+               seen=guest.pages_written)
+
+
 def postcopy_cell(kind, src_kind, dst_kind):
-    """Precopy under 16 MiB/s for half a second, then postcopy; a qmigd
+    """Precopy under 16 MiB/s for a while (8 MiB), then postcopy; a qmigd
     source's guest dirties 4 KiB pages at random meanwhile, so huge pages
     are partly dirty at the switch and must go whole. A QEMU 10
     source on hugetlbfs asked that late went on with precopy for the 6 s we
@@ -116,14 +130,13 @@ def postcopy_cell(kind, src_kind, dst_kind):
                     port = start_incoming(dst)
                     src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
                     if guest:
-                        wait_status(src, ("active",), timeout=10)
-                        time.sleep(0.5)
+                        precopy_then_dirtied(src, guest)
                     src.qmp.cmd("migrate-start-postcopy")
-                    si = wait_status(src, ("completed",), timeout=60)
+                    si = wait_status(src, ("completed",))
                 finally:
                     if guest:
                         guest.stop()
-                wait_status(dst, ("completed",), timeout=60)
+                wait_status(dst, ("completed",))
                 check(si["ram"]["postcopy-bytes"] > 0, si["ram"])
                 check(files_equal(src_img, dst_img), "images differ")
             finally:
