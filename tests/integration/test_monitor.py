@@ -11,9 +11,10 @@ import sys
 import time
 
 from itest import test, main, check
-from fixtures import images, peers, MiB
+from fixtures import images, peers, events_through, MiB
 from runner import Peer, QMP, remove, unique_name, ROOT, start_incoming, make_image, wait_status
 from runner import stop_all
+from waiting import wait_until
 
 SIZE = 16 * MiB
 
@@ -318,9 +319,7 @@ def migration_events(src_kind):
     with images(SIZE, "mixed") as imgs, peers(src_kind, "qmigd", imgs) as (src, dst):
         from runner import migrate
         migrate(src, dst, True, 2, "multifd", events=True)
-        time.sleep(0.2)
-        evs = src.qmp.poll_events(0.3)
-        devs = dst.qmp.poll_events(0.3)
+        evs, devs = events_through(src.qmp), events_through(dst.qmp)
         for e in evs + devs:
             check(set(e["timestamp"]) == {"seconds", "microseconds"}, e)
         name = lambda e: e["event"] + (f":{e['data'].get('status', e['data'].get('pass'))}"
@@ -363,9 +362,8 @@ def switchover_events(src_kind, bandwidth):
     with images(4 * MiB, "mixed") as imgs, peers(src_kind, "qmigd", imgs) as (src, dst):
         from runner import migrate
         si, _, _ = migrate(src, dst, False, 1, "legacy", max_bandwidth=bandwidth, events=True)
-        time.sleep(0.2)
         names = [e["event"] + (":" + e["data"]["status"] if e["event"] == "MIGRATION" else "")
-                 for e in src.qmp.poll_events(0.3)]
+                 for e in events_through(src.qmp)]
         check("MIGRATION:active" in names and "STOP" in names, (src_kind, names))
         before_stop = names[names.index("MIGRATION:active"):names.index("STOP")]
         return "MIGRATION_PASS" in before_stop, si["ram"]["dirty-sync-count"]
@@ -383,6 +381,18 @@ def test_switchover_sync_as_qemu():
         check(got["qemu"] == got["qmigd"], f"max-bandwidth {bandwidth}: {got}")
 
 
+def unread_by_daemon(client):
+    """Bytes the daemon has not read yet of what `client` sent: the Recv-Q
+    of its end of the connection, the end whose peer is our socket."""
+    ino = str(os.fstat(client.sock.fileno()).st_ino)
+    out = subprocess.run(["ss", "-xnH"], capture_output=True, text=True, check=True).stdout
+    for row in out.splitlines():  # u_str ESTAB RECV-Q SEND-Q PATH INODE * PEER-INODE
+        f = row.split()
+        if f[-1] == ino:
+            return int(f[2])
+    return None
+
+
 @test
 def test_concurrent_clients_and_malformed_input():
     img = f"/dev/shm/{unique_name('cc')}.ram"
@@ -394,9 +404,10 @@ def test_concurrent_clients_and_malformed_input():
         clients[0].cmd("migrate-set-capabilities",
                        capabilities=[{"capability": "events", "state": True}])
         clients[1].cmd("stop")
-        for c in clients:
-            evs = c.poll_events(0.3)
-            check(any(e["event"] == "STOP" for e in evs), evs)
+        for i, c in enumerate(clients):
+            wait_until(f"STOP on client {i}",
+                       lambda: any(e["event"] == "STOP" for e in c.poll_events()),
+                       seen=lambda: c.events)
         # Garbage, binary, half a request, a huge string: errors, no crash.
         bad = QMP(p.qmp_path)
         bad.send_raw(b"\x00\xff garbage }}}\n")
@@ -404,7 +415,9 @@ def test_concurrent_clients_and_malformed_input():
         bad.send_raw('{"execute": "query-status", "arguments": {"x": "' + "a" * 100000 + '"}}\n')
         check("error" in bad.read_reply())
         bad.send_raw('{"execute": "query-status", ')
-        time.sleep(0.2)
+        # The daemon reads the first half alone: a request split across reads.
+        wait_until("the daemon to read the half request", lambda: unread_by_daemon(bad) == 0,
+                   seen=lambda: f"{unread_by_daemon(bad)} bytes unread")
         bad.send_raw('"id": 5}\n')
         r = bad.read_reply()
         check(r.get("id") == 5 and "return" in r, r)
@@ -499,11 +512,12 @@ def test_qmig_bad_arguments_are_usage_errors():
                      ["object-add", "a=1", "a.b=2"],
                      ["object-add", "a.b=2", "a=1"],
                      ["object-add", "a..b=1"]):
-            out, secs = timed_qmig([p.qmp_path] + args)
+            # Exit 2 is qmig's own refusal: whatever the daemon made of a
+            # request it answers with exit 0 or 1.
+            out = run_qmig([p.qmp_path] + args)
             check(out.returncode == 2 and "qmig:" in out.stderr and "Traceback" not in out.stderr,
                   (args, out.returncode, out.stderr))
-            check(secs < 5, f"{args} took {secs:.1f} s")
-        out, secs = timed_qmig(["run", "--src", p.qmp_path, "--dst", p.qmp_path, "--set", "x"])
+        out = run_qmig(["run", "--src", p.qmp_path, "--dst", p.qmp_path, "--set", "x"])
         check(out.returncode == 2 and "Traceback" not in out.stderr, out.stderr)
         check("return" in p.qmp.execute("query-status"))
     finally:
@@ -562,10 +576,20 @@ def test_info_migrate_after_a_migration_matches_qemu():
     check(o_dst == q_dst, f"destination:\nQEMU:\n{q_dst}\nqmigd:\n{o_dst}")
 
 
+def run_qmig(args):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "qmig")] + args,
+                          capture_output=True, text=True, timeout=30)
+
+
+# A latency test: qmig says it cannot connect "within about a second"
+# (qmig --help). 10 s holds on a machine several times slower, and is still
+# far below the 30 s of a connect that fell back to QMP's default timeout.
+FAST = 10.0
+
+
 def timed_qmig(args):
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "qmig")] + args,
-                         capture_output=True, text=True, timeout=30)
+    out = run_qmig(args)
     return out, time.monotonic() - t0
 
 
@@ -575,15 +599,15 @@ def test_qmig_cannot_connect_fails_fast_and_says_why():
     out, secs = timed_qmig([missing, "query-status"])
     check(out.returncode == 3 and missing in out.stderr and "Traceback" not in out.stderr,
           out.stderr)
-    check(secs < 5, f"took {secs:.1f} s")
+    check(secs < FAST, f"took {secs:.1f} s")
     # A socket file nobody listens on.
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(missing)
     stale.close()
     try:
-        out, secs = timed_qmig([missing, "query-status"])
+        out = run_qmig([missing, "query-status"])
         check(out.returncode == 3 and "nothing listens" in out.stderr, out.stderr)
-        out, secs = timed_qmig(["run", "--src", missing, "--dst", missing])
+        out = run_qmig(["run", "--src", missing, "--dst", missing])
         check(out.returncode == 3 and missing in out.stderr and "Traceback" not in out.stderr,
               out.stderr)
     finally:
@@ -594,7 +618,7 @@ def test_qmig_cannot_connect_fails_fast_and_says_why():
     try:
         out, secs = timed_qmig([q.qmp_path, "query-status"])
         check(out.returncode == 3 and "busy" in out.stderr, out.stderr)
-        check(secs < 5, f"took {secs:.1f} s")
+        check(secs < FAST, f"took {secs:.1f} s")
     finally:
         q.stop()
         remove(img)
