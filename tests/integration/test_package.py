@@ -13,11 +13,11 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-import time
 
 from itest import test, main, check, skip, run_ok as run
 from fixtures import images, MiB
 from runner import Peer, QMIGD, free_port, wait_status, files_equal, unique_name
+from waiting import wait_until, DEADLINE
 
 BUILD = os.path.dirname(os.path.dirname(os.path.abspath(QMIGD)))
 SOURCE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -118,20 +118,26 @@ class Booted:
                                       "--keep-unit", "-M", unique_name("qmigd")[:60], "-q"],
                                      stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         self.leader = None
-        deadline = time.monotonic() + 60
-        state = ""
-        while time.monotonic() < deadline and self.proc.poll() is None:
+        state = {"now": ""}
+
+        def answering():
+            check(self.proc.poll() is None,
+                  f"systemd-nspawn exited with {self.proc.returncode} (state {state['now']!r})")
             kids = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
                                   text=True).stdout.split()
-            if kids:
-                self.leader = kids[0]
-                # Answering is enough: `systemctl start` queues behind the boot.
-                state = self.sh("systemctl", "is-system-running", check_rc=False).strip()
-                if state in ("starting", "running", "degraded"):
-                    return
-            time.sleep(0.5)
-        self.poweroff()  # nothing of it may outlive the test
-        check(False, f"the container did not boot (state {state!r})")
+            if not kids:
+                return False
+            self.leader = kids[0]
+            state["now"] = self.sh("systemctl", "is-system-running", check_rc=False).strip()
+            # Answering is enough: `systemctl start` queues behind the boot.
+            return state["now"] in ("starting", "running", "degraded")
+        try:
+            # Each probe runs two processes: polled at a gentler pace.
+            wait_until("the container's systemd to answer", answering, timeout=2 * DEADLINE,
+                       every=0.2, seen=lambda: state["now"])
+        except BaseException:
+            self.poweroff()  # nothing of it may outlive the test
+            raise
 
     def sh(self, *argv, check_rc=True, timeout=60):
         r = subprocess.run(["nsenter", "-t", self.leader, "-a"] + list(argv),
@@ -195,13 +201,13 @@ def test_deb_installs_on_fresh_debian_and_its_unit_parks_a_vm():
                 wait_status(src, ("completed",), 60)
             finally:
                 src.stop()
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                st = booted.sh("qmig", "/run/qmigd/dest-t1.qmp", "query-migrate")
-                if '"completed"' in st:
-                    break
-                time.sleep(0.2)
-            check('"completed"' in st, st)
+            dest = {"said": ""}
+
+            def completed():
+                dest["said"] = booted.sh("qmig", "/run/qmigd/dest-t1.qmp", "query-migrate")
+                return '"completed"' in dest["said"]
+            wait_until("the unit's destination to complete", completed, every=0.2,
+                       seen=lambda: dest["said"])
             parked = os.path.join(root, "var/lib/qmigd/t1/00-mem.img")
             check(files_equal(imgs[0][1], parked), "the parked image differs")
         journal = booted.sh("journalctl", "-u", "qmigd-dest@t1", "--no-pager")

@@ -6,7 +6,6 @@ daemon's memory grows with the guest. Times are reported, not asserted
 (benchmarks stay benchmarks); memory and bytes are."""
 import os
 import random
-import time
 
 from itest import test, main, check
 from runner import Peer, migrate, remove, unique_name, PAGE, proc_status
@@ -55,7 +54,6 @@ def sparse_cell(size, multifd, channels, zpd):
                     f.write(want[p * PAGE])
             src = Peer("qmigd", "source", [("mem", src_img, size)], "sparse-src")
             dst = Peer("qmigd", "dest", [("mem", dst_img, size)], "sparse-dst")
-            t0 = time.monotonic()
             si, di, secs = migrate(src, dst, multifd, channels, zpd, timeout=600)
             ram = si["ram"]
             check(ram["normal"] == DATA_PAGES, ram)
