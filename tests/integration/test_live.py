@@ -1,11 +1,10 @@
 #!/usr/bin/env python3
 """Live migration of a running guest: convergence under downtime-limit,
 max-bandwidth, auto-converge, cancel, and no lost writes."""
-import time
-
 from itest import test, main, check
 from fixtures import images, peers, MiB
 from runner import Guest, start_incoming, wait_status, files_equal
+from waiting import wait_until
 
 GiB = 1024 * MiB
 
@@ -26,28 +25,40 @@ def live_migration(dst_kind, size, guest_args, params, caps=None, timeout=120):
                         {"multifd-channels": params.get("multifd-channels", 2)})
             port = start_incoming(dst)
             src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
-            throttle_seen = 0
-            deadline = time.monotonic() + timeout
-            while True:
-                info = src.status()
-                throttle_seen = max(throttle_seen, info.get("cpu-throttle-percentage", 0))
-                if info["status"] in ("completed", "failed", "cancelled"):
-                    break
-                check(time.monotonic() < deadline, f"no completion in {timeout}s: {info}")
-                time.sleep(0.1)
+            seen = {"throttle": 0}
+
+            def ended():
+                info = seen["info"] = src.status()
+                seen["throttle"] = max(seen["throttle"], info.get("cpu-throttle-percentage", 0))
+                return info["status"] in ("completed", "failed", "cancelled")
+            wait_until("the live migration to end", ended, timeout,
+                       seen=lambda: seen["info"])
+            info = seen["info"]
             check(info["status"] == "completed", info)
-            wait_status(dst, ("completed",), timeout=30)
+            wait_status(dst, ("completed",))
             # The guest stays paused after the switchover: the source image is
-            # frozen as it stood when the guest paused.
-            rec = guest.record()
-            check(rec[0] == 1 and rec[1] == 1, f"guest not paused: {rec}")
-            written = guest.pages_written()
-            time.sleep(0.3)
-            check(guest.pages_written() == written, "guest still writing after completion")
+            # frozen as it stood when the guest paused. Paused is its ack in
+            # the record (it writes nothing until asked to go on); that it
+            # wrote nothing since is proved by the comparison after it (a
+            # guest writing would make the source differ) and by the record:
+            # pause asked and acked, no loop turn, no page, then as now.
+            def still(r):
+                pause_req, paused_ack, _, _, heartbeat, pages = r
+                return pause_req, paused_ack, heartbeat, pages
+            rec = still(guest.record())
+            check(rec[:2] == (1, 1), f"guest not paused: {guest.record()}")
             check(src.qmp.cmd("query-status")["status"] == "postmigrate")
             check(files_equal(s_img, d_img), "destination differs from the paused source")
-            passes = [e for e in src.qmp.poll_events(0.2) if e["event"] == "MIGRATION_PASS"]
-            return info, passes, throttle_seen, written
+            check(still(guest.record()) == rec, f"guest went on after completion: {rec} -> "
+                                                f"{guest.record()}")
+            written = rec[3]
+            # One MIGRATION_PASS per dirty sync; the last may still be on its way.
+            def passes():
+                return [e for e in src.qmp.poll_events() if e["event"] == "MIGRATION_PASS"]
+            wait_until("a MIGRATION_PASS event per dirty sync",
+                       lambda: len(passes()) >= info["ram"]["dirty-sync-count"],
+                       seen=lambda: len(passes()))
+            return info, passes(), seen["throttle"], written
         finally:
             guest.stop()
 
@@ -60,6 +71,8 @@ def converge(dst_kind):
         ram = info["ram"]
         check(ram["dirty-sync-count"] > 2, ram)
         check(len(passes) == ram["dirty-sync-count"], passes)
+        # What downtime-limit (300 ms) bounds, with a 16x margin for a busy
+        # machine: the switchover's own latency.
         check(0 < info["downtime"] < 5000, info)
         check(written > 10000, f"guest wrote only {written} pages")
         check(ram["normal"] + ram["duplicate"] > GiB // 4096, "no page was sent twice")
@@ -75,13 +88,30 @@ converge("qemu")
 
 @test
 def test_max_bandwidth_is_respected():
+    """The rate since the migration began, by the daemon's clock (its
+    total-time), taken while it is active: the switchover sends the last
+    bandwidth x downtime-limit bytes unthrottled, as QEMU's
+    ram_save_complete() does, and a busy machine's bursty bandwidth
+    sample makes that share vary. The limit must hold (+10%), and be
+    reached (-10%) where the daemon runs at full speed (not under a
+    sanitizer)."""
     with images(512 * MiB, "random") as imgs, peers("qmigd", "qmigd", imgs) as (src, dst):
-        from runner import migrate
-        info, _, _ = migrate(src, dst, True, 4, "multifd", max_bandwidth=100 * MiB)
-        secs = (info["total-time"] - info["setup-time"]) / 1000
-        rate = info["ram"]["transferred"] / secs
-        print(f"    {rate / MiB:.1f} MiB/s for max-bandwidth 100 MiB/s")
-        check(abs(rate - 100 * MiB) <= 10 * MiB, f"rate {rate / MiB:.1f} MiB/s")
+        from runner import migrate, SANITIZED
+        mid = {}
+
+        def sample(info):
+            ram = info.get("ram", {})
+            if info["status"] == "active" and ram.get("transferred", 0) < 0.8 * ram.get("total", 0):
+                mid.update(info)
+        migrate(src, dst, True, 4, "multifd", max_bandwidth=100 * MiB, progress=sample)
+        check(mid.get("ram", {}).get("transferred", 0) > 0.5 * 512 * MiB,
+              f"no sample of the active migration past half its RAM: {mid}")
+        secs = (mid["total-time"] - mid["setup-time"]) / 1000
+        rate = mid["ram"]["transferred"] / secs
+        print(f"    {rate / MiB:.1f} MiB/s for max-bandwidth 100 MiB/s "
+              f"(after {mid['ram']['transferred'] >> 20} MiB)")
+        check(rate <= 110 * MiB, f"rate {rate / MiB:.1f} MiB/s")
+        check(rate >= 90 * MiB or SANITIZED, f"rate {rate / MiB:.1f} MiB/s")
 
 
 def start_hot_migration(src, dst, s_img, caps, params):
@@ -102,18 +132,32 @@ def test_dirty_rate_above_bandwidth_does_not_converge_and_cancel_keeps_guest_run
         try:
             start_hot_migration(src, dst, s_img, {"multifd": True},
                                 {"multifd-channels": 2, "max-bandwidth": 32 * MiB})
-            time.sleep(12)
-            info = src.status()
-            check(info["status"] == "active", info)
-            check(info["ram"]["dirty-sync-count"] >= 2, info)
+            # Not converging, told by its own passes: a dirty sync comes at
+            # each pass's end, where the source would switch over if what
+            # is dirty fitted in downtime-limit. Three after the setup's
+            # (the bulk pass, then two over the hot set the guest keeps
+            # dirtying) with the migration active all along: it declined
+            # to converge at each.
+            wait_status(src, ("active",))
+            start = guest.pages_written()
+            seen = {}
+
+            def passes_declined():
+                info = seen["info"] = src.status()
+                check(info["status"] == "active", f"the migration left active: {info}")
+                return info if info["ram"]["dirty-sync-count"] >= 4 else None
+            info = wait_until("4 dirty syncs", passes_declined,
+                              seen=lambda: seen["info"].get("ram"))
+            check(guest.pages_written() > start, "the guest wrote nothing while migrating")
             check(info["expected-downtime"] > 300, f"expected-downtime {info['expected-downtime']}")
             check(info["ram"]["dirty-pages-rate"] > 0, info)
             src.qmp.cmd("migrate_cancel")
-            wait_status(src, ("cancelled",), timeout=10, fail_on=("failed", "completed"))
+            wait_status(src, ("cancelled",), fail_on=("failed", "completed"))
             check(src.qmp.cmd("query-status")["status"] == "running")
             before = guest.pages_written()
-            time.sleep(0.5)
-            check(guest.pages_written() > before + 1000, "guest not running after cancel")
+            wait_until("the guest to write 1000 pages after the cancel",
+                       lambda: guest.pages_written() > before + 1000,
+                       seen=lambda: guest.record())
             check(guest.record()[2] == 0, "throttle left on")
         finally:
             guest.stop()
