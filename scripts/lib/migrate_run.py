@@ -278,11 +278,11 @@ def run(scn, out=sys.stdout):
             bar.done()
             print("timed out: cancelled", file=out)
             return 1
+        bar.done()
         if info["status"] == "completed":
             # The destination may have run the guest and completed between
             # two samples: say so now, rather than not at all.
             postcopy.step(ask=False)
-        bar.done()
         if timeline:
             samples = timeline.save(scn["plot"])
             print(f"timeline: {scn['plot']} (samples: {samples})", file=out)
