@@ -12,6 +12,7 @@ from itest import test, main, check, skip
 from fixtures import images, peers, MiB
 from runner import Peer, wait_status, files_equal, unique_name, remove, make_image, stop_all
 from qmp import QMPError
+from waiting import wait_until
 
 SIZE = 32 * MiB
 DIRECTIONS = (("qemu", "qmigd"), ("qmigd", "qemu"), ("qmigd", "qmigd"))
@@ -59,9 +60,16 @@ def each_direction(name):
     return register
 
 
+def migration_events(peer):
+    return [e for e in peer.qmp.poll_events() if e.get("event") == "MIGRATION"]
+
+
 def statuses(peer):
-    return [e["data"]["status"] for e in peer.qmp.poll_events()
-            if e.get("event") == "MIGRATION"]
+    return [e["data"]["status"] for e in migration_events(peer)]
+
+
+def stamp(event):
+    return event["timestamp"]["seconds"] + event["timestamp"]["microseconds"] / 1e6
 
 
 # Capability sets and what both refuse or take: QEMU's words must be ours.
@@ -153,13 +161,17 @@ def pause_cell(src_kind, dst_kind):
         check(s.qmp.cmd("query-status")["status"] == "finish-migrate", "the VM runs")
         e = error_of(lambda: s.qmp.cmd("migrate-continue", state="active"))
         check(e == "Migration not in expected state: pre-switchover", e)
-        time.sleep(0.5)  # it stays there until told
         check(s.status()["status"] == "pre-switchover", s.status())
         check(d.status()["status"] == "active", d.status())
+        told = time.time()
         s.qmp.cmd("migrate-continue", state="pre-switchover")
         finish(s, d, imgs)
-        seq = statuses(s)
+        events = migration_events(s)
+        seq = [e["data"]["status"] for e in events]
         check(seq[-3:] == ["pre-switchover", "device", "completed"], seq)
+        # It stayed there until told: it said `device` after the continue
+        # (both clocks are this host's).
+        check(stamp(events[-2]) >= told, f"device at {stamp(events[-2]):.6f}, told at {told:.6f}")
 
 
 @test
@@ -208,12 +220,21 @@ def test_no_switchover_without_the_ack():
             caps(s, return_path=True, switchover_ack=True)
             caps(d, return_path=True)
             start(s, d)
-            deadline = time.monotonic() + 20
-            while s.status().get("ram", {}).get("remaining", 1) != 0 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(1.0)
-            info = s.status()
-            check(info["status"] == "active" and info["ram"]["remaining"] == 0, info)
+
+            def all_sent():
+                info = s.status()
+                check(info.get("status") in ("setup", "active"), f"without the ack: {info}")
+                return info.get("ram", {}).get("remaining", 1) == 0 and info
+            t0 = wait_until("the source to have sent all RAM", all_sent)["total-time"]
+
+            # Held: a switchover can only be seen not to happen over time,
+            # here a second by the daemon's own clock (total-time; 20 of
+            # its 50 ms waits for the ack), active all along.
+            def held_a_second():
+                info = s.status()
+                check(info["status"] == "active" and info["ram"]["remaining"] == 0, info)
+                return info["total-time"] >= t0 + 1000
+            wait_until("the source's total-time to move on by 1 s", held_a_second)
             s.qmp.cmd("stop")
             finish(s, d, imgs)
 
