@@ -7,12 +7,12 @@ ends' xbzrle counters must move and the images be byte-identical."""
 import os
 import shutil
 import tempfile
-import time
 
 from itest import test, main, check, skip
 import linux_guest as lg
 from fixtures import images, peers, MiB
 from runner import Guest, Peer, start_incoming, wait_status, files_equal, unique_name, remove
+from waiting import wait_until
 
 SIZE = 64 * MiB
 XBZRLE = [{"capability": "xbzrle", "state": True}]
@@ -85,13 +85,12 @@ def test_qemu_guest_to_qmigd_parked():
         guest.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{start_incoming(park)}")
         # Rounds go on while the guest rewrites its pages (no switchover
         # within 1 ms); once QEMU sent some as deltas, it may switch over.
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
+        def deltas_or_end():
             info = guest.status()
-            if info["status"] in ("completed", "failed") or \
-                    info.get("xbzrle-cache", {}).get("pages", 0) > 100:
-                break
-            time.sleep(0.2)
+            return (info["status"] in ("completed", "failed") or
+                    info.get("xbzrle-cache", {}).get("pages", 0) > 100)
+        wait_until("QEMU to send 100 pages as xbzrle deltas", deltas_or_end, timeout=180,
+                   every=0.2, seen=lambda: guest.status().get("xbzrle-cache"))
         guest.qmp.cmd("migrate-set-parameters", {"max-bandwidth": 1 << 30, "downtime-limit": 2000})
         si = wait_status(guest, ("completed",), 180)
         wait_status(park, ("completed",), 30)
