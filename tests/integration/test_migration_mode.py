@@ -125,10 +125,14 @@ def cpr_reboot_save(src, path):
     info = wait_status(src, ("completed",), timeout=60)
     check(src.qmp.cmd("query-status")["status"] == "postmigrate", "not postmigrate")
     ram = info["ram"]
-    # The VM stopped before the first page: the whole state went stopped.
-    active = info["total-time"] - info["setup-time"]
-    check(info["downtime"] >= 0.9 * active, info)
+    # The VM stopped before the first page: the whole state went stopped,
+    # as the bytes sent while running and while stopped say. By the clock
+    # the downtime is most of the active time; "most" is at least half, for
+    # what a loaded host may stretch of the little that follows the
+    # stopped phase (a 300 ms save here).
     check(ram["precopy-bytes"] < 64 << 10 and ram["downtime-bytes"] >= SIZE // 2, ram)
+    active = info["total-time"] - info["setup-time"]
+    check(info["downtime"] >= 0.5 * active, info)
     return info
 
 
