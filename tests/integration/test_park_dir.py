@@ -9,8 +9,9 @@ is parked in seconds, so these run in the sanitizer builds too:
   - a resume writes nothing: from a read-only mount, two at once;
   - a park syncs its images and device state, publishes vm.json by rename
     and syncs the directory before `completed` (strace), a file: save syncs
-    before `completed`; kill -9 at random points leaves no vm.json or a
-    whole VM, and the directory parks again."""
+    before `completed`; kill -9 at random points of a park (steered into
+    it by what the park has taken) leaves no vm.json or a whole VM, and
+    the directory parks again."""
 import json
 import os
 import random
@@ -19,13 +20,13 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 
 from itest import test, main, check, skip, cleanup
 from fixtures import resume_parked_to_qemu
 from qmp import QMPError
 from runner import (Peer, migrate, wait_status, start_incoming, unique_name, make_image,
                     files_equal, remove, stop_all, QMIGD, log_file)
+from waiting import wait_until
 
 MiB = 1 << 20
 SIZE = 64 * MiB
@@ -81,9 +82,9 @@ def snapshot(directory):
     return out
 
 
-def source_start(directory, want, timeout=20):
+def source_start(directory, want, timeout=60):
     """qmigd source --ram-dir must refuse `directory` with `want` in its
-    words, within `timeout` (a FIFO or /dev/zero must not hang it)."""
+    words (a FIFO or /dev/zero must not hang it: `timeout` guards that)."""
     qmp = os.path.join("/tmp", unique_name("pd") + ".qmp")
     try:
         r = subprocess.run([QMIGD, "source", "--ram-dir", directory, "--qmp", qmp],
@@ -363,17 +364,49 @@ def test_file_save_is_durable_before_completed():
         check(syncs and done and syncs[0] < done[0], (mapped, direct, ev))
 
 
-def kill_park_at(d, delay, bandwidth):
+def nonzero_pages(path):
+    zero = bytes(4096)
+    with open(path, "rb") as f:
+        return sum(page != zero for page in iter(lambda: f.read(4096), b""))
+
+
+def image_written(d):
+    """Bytes a park has written into its image so far: the pages it took
+    (a zero page is a hole it leaves; tmpfs allocates what is written)."""
+    try:
+        return os.stat(os.path.join(d, "00-mem.img")).st_blocks * 512
+    except FileNotFoundError:
+        return 0
+
+
+def kill_park_at(d, written):
+    """Parks into `d` at 32 MiB/s (64 MiB of mixed content: about a second
+    of stream, then the syncs and renames) and SIGKILLs the destination
+    once it has written `written` bytes into its image, or with None once
+    the source has sent the whole stream (the park is then at its end:
+    syncing, renaming, or done). Returns the bytes written by the kill.
+    (Its query-migrate's page counts are no help: on the main channel
+    they are added up only at the end.)"""
     guest = qemu_guest("kill-guest")
     dst = Peer("qmigd", "dest", [], "kill-park", extra=["--ram-dir", d])
     try:
-        guest.set_migration(False, max_bandwidth=bandwidth)
+        guest.set_migration(False, max_bandwidth=32 * MiB)
         dst.set_migration(False)
         port = start_incoming(dst)
         guest.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
-        time.sleep(delay)
+        if written is None:
+            wait_status(guest, ("completed",))
+        else:
+            def far_enough():
+                info = dst.status()
+                check(info.get("status") not in ("failed", "cancelled"), info)
+                return image_written(d) >= written
+            wait_until(f"the park to write {written >> 10} KiB of its image", far_enough,
+                       seen=lambda: (image_written(d), dst.status()))
+        had = image_written(d)
         dst.proc.send_signal(signal.SIGKILL)
-        dst.proc.wait(10)
+        dst.proc.wait(60)
+        return had
     finally:
         stop_all(dst, guest)
 
@@ -381,24 +414,34 @@ def kill_park_at(d, delay, bandwidth):
 @test
 def test_kill_9_at_random_points_of_a_park():
     """A park killed at any moment leaves no vm.json, or a whole parked VM
-    (it resumes, byte for byte); either way the directory parks again."""
+    (it resumes, byte for byte); either way the directory parks again.
+    The kills are steered into the park: most once it has written a
+    random share of its image (its record not written yet), some once the
+    source has sent everything (the park's end). At least one must land
+    mid-park, leaving no vm.json after pages were written; after each
+    such kill the directory, as the kill left it, parks again and resumes
+    byte for byte."""
     rng = random.Random(int(os.environ.get("QMIGD_KILL_SEED", "23")))
+    total = nonzero_pages(SRC_IMG) * 4096  # what a whole park writes
     d = new_dir("killed")
-    outcomes = {"none": 0, "whole": 0}
+    outcomes = {"mid": 0, "whole": 0}
     for _ in range(10):
-        # 64 MiB of mixed content at 32 MiB/s: about 1 s of stream, then
-        # the syncs and renames.
-        kill_park_at(d, rng.uniform(0.0, 1.5), 32 * MiB)
+        at = None if rng.random() < 0.2 else rng.randint(total // 50, total * 19 // 20)
+        had = kill_park_at(d, at)
         if os.path.exists(os.path.join(d, "vm.json")):
             outcomes["whole"] += 1
             resume_to_qemu(d, "after-kill")
-            shutil.rmtree(d)
-            os.mkdir(d)
         else:
-            outcomes["none"] += 1
-    print(f"  10 parks killed: {outcomes['none']} left no vm.json, {outcomes['whole']} a whole VM")
-    park(d, "after-kills")
-    resume_to_qemu(d, "after-kills")
+            # Killed mid-park: it had written into its image, no record.
+            check(had > 0, f"a kill before the park wrote anything left {os.listdir(d)}")
+            outcomes["mid"] += 1
+            park(d, "re-park")
+            resume_to_qemu(d, "re-parked")
+        shutil.rmtree(d)
+        os.mkdir(d)
+    print(f"  10 parks killed: {outcomes['mid']} mid-park (no vm.json; parked again), "
+          f"{outcomes['whole']} left a whole VM")
+    check(outcomes["mid"] > 0, f"no kill landed mid-park: {outcomes}")
 
 
 @test
