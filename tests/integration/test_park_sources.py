@@ -31,6 +31,7 @@ from runner import (Peer, migrate, wait_status, start_incoming, unique_name, mak
                     files_equal, proc_status, stop_all, QMIGD)
 import runner  # noqa: E402
 from backing import backing_dir, Unavailable
+from waiting import DEADLINE
 
 MiB = 1 << 20
 PAGE = wire.PAGE
@@ -63,9 +64,10 @@ class FakeSource:
     def send(self, data):
         self.sock.sendall(data)
 
-    def shut(self, timeout=10):
-        """The SHUT value the destination sends back, or None if none comes
-        within `timeout` (or the connection ends without one)."""
+    def shut(self, timeout=DEADLINE):
+        """The SHUT value the destination sends back, or None if the
+        connection ends without one (or none comes within `timeout`, a
+        hang guard: every caller expects one)."""
         self.sock.settimeout(timeout)
         buf = b""
         try:
@@ -117,7 +119,7 @@ def fake_park(tag, d, stream, rp=False, caps=(), want="completed", inspect=None)
             else:
                 src.sock.shutdown(socket.SHUT_WR)
                 value = None
-            info = wait_status(dst, (want,), 20, fail_on=())
+            info = wait_status(dst, (want,), fail_on=())
             if inspect:
                 inspect(dst)
         finally:
@@ -190,7 +192,7 @@ def test_fake_source_with_a_return_path_gets_its_shut():
 
 def qemu_park(tag, d, caps, want="completed"):
     """Parks a QEMU -M none guest with `caps` on both sides; returns both
-    sides' query-migrate once each reached its end (within 30 s)."""
+    sides' query-migrate once each reached its end."""
     guest = qemu_guest(tag + "-guest")
     dst = parking_dest(tag + "-park", d)
     try:
@@ -200,8 +202,8 @@ def qemu_park(tag, d, caps, want="completed"):
         port = start_incoming(dst)
         guest.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
         ends = ("completed", "failed")
-        si = wait_status(guest, ends, 30, fail_on=())
-        di = wait_status(dst, ends, 30, fail_on=())
+        si = wait_status(guest, ends, fail_on=())
+        di = wait_status(dst, ends, fail_on=())
         return si, di
     finally:
         stop_all(dst, guest)
@@ -224,8 +226,8 @@ def test_sources_with_a_return_path_park():
                     capabilities=[{"capability": "return-path", "state": True}])
         port = start_incoming(dst)
         src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
-        si = wait_status(src, ("completed",), 30)
-        wait_status(dst, ("completed",), 30)
+        si = wait_status(src, ("completed",))
+        wait_status(dst, ("completed",))
         check("return path: the destination says it is done" in src.log_text(), si)
     finally:
         stop_all(src, dst)
@@ -238,8 +240,10 @@ def test_hugetlbfs_directory_refused_at_start():
         with backing_dir("hugetlbfs") as hd:
             qmp = os.path.join("/tmp", unique_name("huge") + ".qmp")
             try:
+                # A daemon that started would run on: the timeout (a hang
+                # guard) is reached only by that defect.
                 r = subprocess.run([QMIGD, "dest", "--ram-dir", hd, "--qmp", qmp],
-                                   capture_output=True, text=True, timeout=20)
+                                   capture_output=True, text=True, timeout=DEADLINE)
             except subprocess.TimeoutExpired:
                 check(False, "qmigd dest --ram-dir on hugetlbfs started: the park would fail "
                              "only after the whole transfer")
@@ -289,7 +293,7 @@ def flood(tag, opening, chunk, total, caps=()):
             pass  # the destination gave up and closed: what it should do
         finally:
             src.close()
-        info = wait_status(dst, ("failed",), 20, fail_on=("completed",))
+        info = wait_status(dst, ("failed",), fail_on=("completed",))
         peak = int(proc_status(dst.proc.pid)["VmHWM"].split()[0]) << 10
         print(f"  {tag}: sent {sent >> 20} MiB; peak RSS {peak >> 20} MiB over a start of "
               f"{base >> 20} MiB")
