@@ -225,7 +225,8 @@ def test_read_only_directory_sends_its_working_set_twice_at_once():
             for t in ts:
                 t.start()
             for t in ts:
-                t.join(120)
+                t.join(120)  # a hang guard: fake_run ends within its own wait
+            check(None not in out, f"a resume did not end: {out}")
             for i, (fake, si) in enumerate(out):
                 check(fake.error is None and si["status"] == "completed", (fake.error, si))
                 # The request may come first: requests go before anything.
