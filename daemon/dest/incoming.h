@@ -94,9 +94,13 @@ private:
     void start_tls(PendingConnection *c);
     static size_t tls_record_wanted(const std::vector<uint8_t> &prefix);
     void handshake_on_thread(UniqueFd fd, std::vector<uint8_t> raw);
-    Result<std::vector<uint8_t>> tls_identify(const UniqueFd &fd, std::vector<uint8_t> raw,
-                                              TlsHandshakes::Progress &progress,
-                                              std::unique_ptr<TlsSession> *tls);
+    // On the handshake thread: it reads nothing of this object, only the
+    // `tls` and `multifd` of the attempt it was started for (a copy: a
+    // new migrate-incoming may replace params_ while it runs).
+    static Result<std::vector<uint8_t>> tls_identify(const UniqueFd &fd, std::vector<uint8_t> raw,
+                                                     const TlsParams &tls, bool multifd,
+                                                     TlsHandshakes::Progress &progress,
+                                                     std::unique_ptr<TlsSession> *session);
     // `ended`: handshakes_ ended it (a stranger past its deadline). `ch`
     // carries its TLS session when the handshake went through.
     void tls_ready(uint64_t generation, std::unique_ptr<Channel> ch,
@@ -177,8 +181,8 @@ private:
     uint64_t tls_failed_logged_ms_ = 0; // uv_now() of the last failed-handshake line
     uint64_t tls_failed_quiet_ = 0;     // failures not logged since
     uint64_t generation_ = 0; // a new migrate-incoming or cleanup: late results are dropped
-    // Written by the loop at start() only (the attempt keeps a copy); read
-    // by the handshake threads (tls_identify()).
+    // Loop thread only: written at start() (the attempt keeps a copy, and
+    // each handshake thread a copy of what it needs).
     IncomingParams params_;
     // The current attempt, from migrate-incoming until its threads are
     // joined (end_attempt()); null before and after. A new migrate-incoming

@@ -227,9 +227,10 @@ private:
     bool park_ready_ GUARDED_BY(park_mu_) = false;
     bool park_abort_ GUARDED_BY(park_mu_) = false;
     bool blocks_handed_ GUARDED_BY(park_mu_) = false;
-    // Written under park_mu_ by the load thread before park_ready_, read
-    // without it after (packet_blocks() returns it once park_ready_ is seen).
-    std::vector<RamBlockDesc> park_descs_;
+    // Written once by the load thread before park_ready_; its readers take
+    // it under park_mu_ (packet_blocks() hands the receive threads a
+    // pointer once park_ready_ is seen; it changes no more).
+    std::vector<RamBlockDesc> park_descs_ GUARDED_BY(park_mu_);
 
     // The preempt channel: taken on the loop, read by its thread, ended by
     // the load thread (or the loop at the attempt's end); all three under

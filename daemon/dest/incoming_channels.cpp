@@ -273,10 +273,10 @@ void IncomingMigration::handshake_on_thread(UniqueFd fd, std::vector<uint8_t> ra
     // Held here until tls_ready() makes it a Channel (or closed with the
     // work, should its result never come).
     auto owned = std::make_shared<UniqueFd>(std::move(fd));
-    handshakes_->start(*owned, [this, gen, owned, raw = std::move(raw)](
-                                   TlsHandshakes::Progress &progress) {
+    handshakes_->start(*owned, [this, gen, owned, raw = std::move(raw), params = params_.tls,
+                                multifd = params_.multifd](TlsHandshakes::Progress &progress) {
         auto tls = std::make_shared<std::unique_ptr<TlsSession>>();
-        auto prefix = tls_identify(*owned, raw, progress, tls.get());
+        auto prefix = tls_identify(*owned, raw, params, multifd, progress, tls.get());
         return TlsHandshakes::Then([this, gen, owned, prefix, tls](bool ended) {
             auto ch = std::make_unique<Channel>(std::move(*owned), std::move(*tls));
             tls_ready(gen, std::move(ch), prefix, ended);
@@ -289,10 +289,11 @@ void IncomingMigration::handshake_on_thread(UniqueFd fd, std::vector<uint8_t> ra
 // message (64 bytes).
 Result<std::vector<uint8_t>> IncomingMigration::tls_identify(const UniqueFd &fd,
                                                              std::vector<uint8_t> raw,
+                                                             const TlsParams &params, bool multifd,
                                                              TlsHandshakes::Progress &progress,
                                                              std::unique_ptr<TlsSession> *tls)
 {
-    auto t = TlsSession::server(fd, *params_.tls.creds, params_.tls.authz.get(), std::move(raw),
+    auto t = TlsSession::server(fd, *params.creds, params.authz.get(), std::move(raw),
                                 &progress.bytes);
     if (!t) {
         return t.error();
@@ -310,7 +311,7 @@ Result<std::vector<uint8_t>> IncomingMigration::tls_identify(const UniqueFd &fd,
             return out;
         }
         have += *r;
-        if (have == 4 && params_.multifd && !is_main_channel(p)) {
+        if (have == 4 && multifd && !is_main_channel(p)) {
             want = MULTIFD_INIT_SIZE;
         }
     }

@@ -94,8 +94,11 @@ Result<ParkedVm> IncomingAttempt::park_finish(LoadvmResult &result)
     vm.machine_type = result.machine_type;
     vm.uuid = result.uuid;
     vm.ram_section_id = result.ram_section_id;
-    for (const auto &d : park_descs_) {
-        vm.blocks.push_back({d.idstr, d.used_length});
+    {
+        MutexLock lk(park_mu_);
+        for (const auto &d : park_descs_) {
+            vm.blocks.push_back({d.idstr, d.used_length});
+        }
     }
     vm.device_state = std::move(result.device_state);
     vm.iterable_state = std::move(result.iterable_state);

@@ -145,7 +145,7 @@ Status MultifdSend::send_pending()
         return error_ ? *error_ : Error("multifd: channels shut down");
     }
     next_channel_ = (target->id + 1) % senders_.size();
-    std::swap(target->job, pending_);
+    std::swap(state_[target->id].job, pending_);
     pending_->count = 0;
     state_[target->id].pending_job = true;
     target->cv.notify_one();

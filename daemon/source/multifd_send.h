@@ -126,9 +126,6 @@ private:
         std::unique_ptr<Channel> ch;
         std::thread thread; // started by start(), joined by the destructor
         std::condition_variable cv; // the sender waits here for work
-        // Owned by the sender thread while its state_.pending_job, else by
-        // main (the hand-off under mu_ moves it).
-        std::unique_ptr<MultifdJob> job = std::make_unique<MultifdJob>();
         // Sender thread only (allocated by the constructor): the packet's
         // page data on the File path (page-aligned: O_DIRECT writes it as
         // it is); a whole job's with mapped-ram, which writes a job at once.
@@ -145,8 +142,13 @@ private:
         std::atomic<uint64_t> zero{0};
     };
 
-    // What the hand-off tells a sender; protected by mu_.
+    // What the hand-off tells a sender; protected by mu_ (state_).
     struct SenderState {
+        // The sender's job buffer: main swaps its filled pending_ in under
+        // mu_ and sets pending_job; the sender takes the pointer under mu_
+        // and reads the job without it until it clears pending_job, when
+        // the buffer is main's to swap again.
+        std::unique_ptr<MultifdJob> job = std::make_unique<MultifdJob>();
         bool pending_job = false;
         bool pending_sync = false;
         uint64_t syncs_done = 0;
@@ -158,7 +160,8 @@ private:
     bool synced(const std::vector<uint64_t> &target) const REQUIRES(mu_);
     void wake_all() REQUIRES(mu_);
     void channel_main(Sender &s) EXCLUDES(mu_);
-    Status channel_work(Sender &s, bool job);
+    // `job`: the sender's job to send, or null for a SYNC packet.
+    Status channel_work(Sender &s, const MultifdJob *job);
     Status channel_setup(Sender &s);
     Status send_packet(Sender &s, const MultifdJob *job, uint32_t packet, uint32_t flags);
     // The header as a plain write, then the pages with MSG_ZEROCOPY.

@@ -199,7 +199,7 @@ Status MultifdSend::channel_setup(Sender &s)
 }
 
 // One job's packets, or a SYNC packet (and the zero-copy flush), without the lock.
-Status MultifdSend::channel_work(Sender &s, bool job)
+Status MultifdSend::channel_work(Sender &s, const MultifdJob *job)
 {
     if (!job) {
         Status st = send_packet(s, nullptr, 0, MULTIFD_FLAG_SYNC);
@@ -209,10 +209,10 @@ Status MultifdSend::channel_work(Sender &s, bool job)
         return st;
     }
     if (file_) {
-        return write_file_job(s, *s.job);
+        return write_file_job(s, *job);
     }
-    for (uint32_t i = 0; i < s.job->count; i++) {
-        QMIGD_TRY(send_packet(s, s.job.get(), i, 0));
+    for (uint32_t i = 0; i < job->count; i++) {
+        QMIGD_TRY(send_packet(s, job, i, 0));
     }
     return {};
 }
@@ -228,7 +228,7 @@ void MultifdSend::channel_main(Sender &s)
         if (quit_) {
             break;
         }
-        bool job = state_[s.id].pending_job;
+        const MultifdJob *job = state_[s.id].pending_job ? state_[s.id].job.get() : nullptr;
         lk.unlock();
         st = channel_work(s, job);
         lk.lock();
