@@ -9,12 +9,17 @@ SIZE = 64 * MiB
 
 
 def cancel_midway(src, dst, dst_survives=True):
-    """Cancels a running migration: the source ends `cancelled` (status only)
-    and running; a surviving destination ends `failed` with an error-desc."""
+    """Cancels a running migration: the source ends `cancelled` and running
+    (qmigd with the status only); a surviving destination ends `failed`
+    with an error-desc."""
     begin(src, dst)
     src.qmp.cmd("migrate_cancel")
     info = wait_status(src, ("cancelled",), fail_on=("failed", "completed"))
-    check(set(info) == {"status"}, info)
+    # QEMU 10 keeps the error its migration thread met first when the
+    # destination closed before the thread saw the cancel ("Unable to write
+    # to socket: Broken pipe"): a race of QEMU's, seen beside other tests.
+    check(set(info) == {"status"} or src.kind == "qemu" and set(info) == {"status", "error-desc"},
+          info)
     check(src.qmp.cmd("query-status")["status"] == "running")
     if dst_survives:
         d = wait_status(dst, ("failed",), fail_on=("completed",))
