@@ -15,6 +15,8 @@ import array
 import contextlib
 import fcntl
 import os
+import platform
+import select
 import socket
 import struct
 import subprocess
@@ -25,13 +27,26 @@ import time
 import wire
 from itest import test, main, check
 from fixtures import MiB
-from runner import Peer, make_image, remove, unique_name, wait_status, start_incoming, free_port
+from runner import (Peer, make_image, remove, unique_name, wait_status, start_incoming, free_port,
+                    SANITIZED)
+from waiting import wait_until, wait_text, DEADLINE
 
 SIZE = 4 * MiB
 PC = [{"capability": "postcopy-ram", "state": True}]
 PREEMPT = [{"capability": "postcopy-preempt", "state": True}]
 RP = [{"capability": "return-path", "state": True}]
-QUIT_SECS = 5
+# Latency bounds. A quit that hung would wait for ever or for a link
+# timeout (30 s by default): 5 s tells them apart with room to spare, and
+# a sanitizer build gets twice that.
+QUIT_SECS = 10 if SANITIZED else 5
+# A wait that a writer blocked until the 30 s link timeout would outlast.
+BELOW_LINK_TIMEOUT = 20
+# System call numbers (/proc/PID/task/TID/syscall) of the suite's machines.
+CALLS = {"x86_64": {"write": 1, "writev": 20, "sendto": 44, "sendmsg": 46, "futex": 202},
+         "aarch64": {"write": 64, "writev": 66, "sendto": 206, "sendmsg": 211, "futex": 98}
+         }[platform.machine()]
+SENDS = {CALLS[n] for n in ("write", "writev", "sendto", "sendmsg")}
+FUTEX_WAIT_BITSET = 9  # what a condition variable's wait is (FUTEX_WAIT, 0, a mutex's)
 
 
 @contextlib.contextmanager
@@ -60,11 +75,57 @@ def quits_in_time(peer):
         return False
 
 
-def wait_log(peer, text, timeout=10, count=1):
-    deadline = time.monotonic() + timeout
-    while peer.log_text().count(text) < count:
-        check(time.monotonic() < deadline, f"{peer.role}: no '{text}' in the log")
-        time.sleep(0.02)
+def wait_log(peer, text, count=1):
+    wait_text(peer.log_text, text, count, where=f"the {peer.role}'s log")
+
+
+def sleeping_calls(pid):
+    """{tid: (thread name, [system call number, its arguments...])} of the
+    threads of `pid` asleep in a system call (/proc says "running" of the
+    others)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/syscall") as f:
+                v = f.read().split()
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        if v and v[0].isdigit():
+            out[tid] = (name, [int(v[0])] + [int(a, 16) for a in v[1:7]])
+    return out
+
+
+def socket_inode(pid, fd):
+    try:
+        link = os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:
+        return None
+    return int(link[8:-1]) if link.startswith("socket:[") else None
+
+
+def blocked_sending(pid, inode=None):
+    """Whether a thread of `pid` is blocked sending on a socket (the one
+    of `inode`, if given): a writer whose peer stopped reading."""
+    for _, call in sleeping_calls(pid).values():
+        if call[0] in SENDS:
+            got = socket_inode(pid, call[1])
+            if got is not None and inode in (None, got):
+                return True
+    return False
+
+
+def tcp_socket(lport, rport):
+    """(inode, rx_queue: bytes its owner has not read) of the IPv4 TCP
+    socket from `lport` to `rport`, or None (/proc/net/tcp)."""
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            v = line.split()
+            if (int(v[1].split(":")[1], 16), int(v[2].split(":")[1], 16)) == (lport, rport):
+                return int(v[9]), int(v[4].split(":")[1], 16)
+    return None
 
 
 def page_of(path, index):
@@ -101,7 +162,7 @@ class Listener:
         self.thread.join(timeout=30)
 
 
-def read_until(c, marker, timeout=10):
+def read_until(c, marker, timeout=30):
     c.settimeout(timeout)
     seen = b""
     while marker not in seen:
@@ -144,11 +205,12 @@ def test_resume_ends_when_the_return_path_ends():
         try:
             s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{first.port}")
             s.qmp.cmd("migrate-start-postcopy")
-            wait_status(s, ("postcopy-active",), timeout=15)
+            wait_status(s, ("postcopy-active",), timeout=60)
             cut.set()
-            wait_status(s, ("postcopy-paused",), timeout=15, fail_on=("failed", "completed"))
+            wait_status(s, ("postcopy-paused",), timeout=60, fail_on=("failed", "completed"))
             s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{second.port}", resume=True)
-            si = wait_status(s, ("postcopy-paused",), timeout=10,
+            # Not postcopy-recover until the 30 s link timeout.
+            si = wait_status(s, ("postcopy-paused",), timeout=BELOW_LINK_TIMEOUT,
                              fail_on=("failed", "completed", "postcopy-active"))
             check("return path ended before" in si.get("error-desc", ""), si)
             check(quits_in_time(s), "quit hung after the resume")
@@ -160,20 +222,32 @@ def test_resume_ends_when_the_return_path_ends():
 
 # --- 2. a source that never reads its return path --------------------------
 
-def flood_pings(connect):
+def flood_pings(connect, pid):
     """A source that opens the return path and PINGs without reading a
-    PONG; returns its socket once the destination stopped reading (it is
-    blocked writing PONGs)."""
+    PONG; returns its socket once the destination (process `pid`) stopped
+    reading: a thread of it is blocked writing PONGs. (Our receive buffer
+    keeps its default size: over TCP a tiny one drops the destination's
+    segments, and the link then stalls in retransmission backoff before
+    the destination's send buffer is full, its reader waiting in recv.)"""
     c = connect()
-    c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     c.sendall(wire.header() + wire.config() + wire.command(wire.CMD_OPEN_RETURN_PATH))
     chunk = wire.command(wire.CMD_PING, wire.be32(1)) * 4096
-    c.settimeout(1.0)
-    for _ in range(2000):  # 72 MB at most
+    c.setblocking(False)
+    sent = 0
+    deadline = time.monotonic() + DEADLINE
+    while sent < 72 << 20:
         try:
-            c.sendall(chunk)
-        except socket.timeout:
+            sent += c.send(chunk[sent % len(chunk):])  # whole PINGs: the stream goes on
+            continue
+        except BlockingIOError:
+            pass
+        if blocked_sending(pid):
+            c.setblocking(True)
             return c
+        check(time.monotonic() < deadline,
+              f"{sent} bytes of PINGs sent, and no destination thread blocked writing: "
+              f"{sleeping_calls(pid)}")
+        select.select([], [c], [], 0.05)  # room again, or the next look
     c.close()
     raise AssertionError("the destination read every PING: it never blocked on the PONGs")
 
@@ -194,11 +268,12 @@ def test_cancel_while_the_source_never_reads():
     path = f"/tmp/{unique_name('hp-rp')}.sock"
     with daemon("dest", "hp-dst") as d:
         d.qmp.cmd("migrate-incoming", uri=f"unix:{path}")
-        c = flood_pings(unix_connector(path))
+        c = flood_pings(unix_connector(path), d.proc.pid)
         try:
             check(d.status()["status"] == "active", d.status())
             d.qmp.cmd("migrate_cancel")
-            wait_status(d, ("cancelled",), timeout=5, fail_on=("failed",))
+            # unix: has no link timeout: a cancel held by the writer would never end.
+            wait_status(d, ("cancelled",), timeout=60, fail_on=("failed",))
             check(quits_in_time(d), "quit hung after the cancel")
         finally:
             c.close()
@@ -211,7 +286,7 @@ def test_quit_while_the_source_never_reads():
     thread is blocked writing PONGs to a source that never reads."""
     with daemon("dest", "hp-dst", extra=["--link-timeout", "0"]) as d:
         port = start_incoming(d)
-        c = flood_pings(lambda: socket.create_connection(("127.0.0.1", port)))
+        c = flood_pings(lambda: socket.create_connection(("127.0.0.1", port)), d.proc.pid)
         try:
             check(d.status()["status"] == "active", d.status())
             check(quits_in_time(d), "quit hung while the return path was blocked")
@@ -253,16 +328,16 @@ class PreemptNeverRead:
         fcntl.ioctl(self.conns[1], termios.FIONREAD, buf)
         return buf[0]
 
-    def wait_stalled(self, timeout=15):
-        """Until pages are queued on the preempt channel and stop coming."""
-        deadline, last = time.monotonic() + timeout, -1
-        while True:
-            check(time.monotonic() < deadline, "the preempt channel never filled")
-            now = self.queued() if len(self.conns) > 1 else 0
-            if now and now == last:
-                return
-            last = now
-            time.sleep(0.2)
+    def wait_stalled(self, pid):
+        """Until the source `pid` is blocked writing pages on the preempt
+        channel (its buffers and ours full)."""
+        def stalled():
+            if len(self.conns) < 2:
+                return False
+            theirs = tcp_socket(self.conns[1].getpeername()[1], self.port)
+            return theirs is not None and blocked_sending(pid, theirs[0])
+        wait_until("the source to block writing on the preempt channel", stalled,
+                   seen=lambda: f"{self.queued() if len(self.conns) > 1 else 0} bytes queued")
 
     def close(self):
         self.stop.set()
@@ -288,12 +363,15 @@ def test_source_blocked_on_the_preempt_channel_pauses_and_quits():
                                              "max-postcopy-bandwidth": 1 * MiB})
         s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{fake.port}")
         s.qmp.cmd("migrate-start-postcopy")
-        wait_status(s, ("postcopy-active",), timeout=15)
+        wait_status(s, ("postcopy-active",), timeout=60)
         # Requested pages go at once, whatever the bandwidth: the writer
         # blocks once the preempt channel's buffers are full.
-        fake.wait_stalled()
+        fake.wait_stalled(s.proc.pid)
         s.qmp.cmd("migrate-pause")
-        wait_status(s, ("postcopy-paused",), timeout=5, fail_on=("failed", "completed"))
+        # A latency bound: a pause held by the blocked writer would wait
+        # for its link timeout.
+        wait_status(s, ("postcopy-paused",), timeout=BELOW_LINK_TIMEOUT,
+                    fail_on=("failed", "completed"))
         check(quits_in_time(s), "quit hung")
     finally:
         fake.close()
@@ -310,7 +388,7 @@ def postcopy_dest(d, preempt=True):
     port = start_incoming(d)
     m = socket.create_connection(("127.0.0.1", port))
     m.sendall(wire.postcopy_start(SIZE))
-    wait_status(d, ("postcopy-active",), timeout=10)
+    wait_status(d, ("postcopy-active",), timeout=60)
     return port, m
 
 
@@ -331,7 +409,7 @@ def test_link_cut_half_way_through_a_preempt_page_pauses():
         p.sendall(wire.page(3 * wire.PAGE, b"\xab" * wire.PAGE)[:2000])
         p.close()
         m.close()
-        wait_status(d, ("postcopy-paused",), timeout=10,
+        wait_status(d, ("postcopy-paused",), timeout=BELOW_LINK_TIMEOUT,
                     fail_on=("failed", "completed", "cancelled"))
         check(quits_in_time(d), "quit hung while paused")
 
@@ -344,15 +422,17 @@ def test_stranger_in_the_preempt_slot_pauses():
     with daemon("dest", "hp-dst") as d:
         _, m = postcopy_dest(d)
         m.close()
-        wait_status(d, ("postcopy-paused",), timeout=10, fail_on=("failed", "completed"))
+        wait_status(d, ("postcopy-paused",), timeout=BELOW_LINK_TIMEOUT,
+                    fail_on=("failed", "completed"))
         rport = free_port()
         d.qmp.cmd("migrate-recover", uri=f"tcp:127.0.0.1:{rport}")
         m2 = socket.create_connection(("127.0.0.1", rport))
-        wait_status(d, ("postcopy-recover",), timeout=10, fail_on=("failed", "completed"))
+        wait_status(d, ("postcopy-recover",), timeout=BELOW_LINK_TIMEOUT,
+                    fail_on=("failed", "completed"))
         stranger = preempt_connect(d, rport)
         stranger.sendall(b"\xff" * 64)
         try:
-            wait_status(d, ("postcopy-paused",), timeout=10,
+            wait_status(d, ("postcopy-paused",), timeout=BELOW_LINK_TIMEOUT,
                         fail_on=("failed", "completed", "cancelled"))
         finally:
             stranger.close()
@@ -426,12 +506,11 @@ def test_preempt_pages_are_in_the_received_bitmap():
         # Page 9 not next to page 5: the reader writes page 5 out when it comes.
         p.sendall(wire.page(5 * wire.PAGE, b"\xcd" * wire.PAGE) +
                   wire.page(9 * wire.PAGE, b"\xcd" * wire.PAGE) + wire.flag(wire.EOS))
-        deadline = time.monotonic() + 10
-        while page_of(d.image, 5) != b"\xcd" * wire.PAGE:
-            check(time.monotonic() < deadline, "the preempt page never reached the image")
-            time.sleep(0.02)
+        wait_until("the preempt page in the image",
+                   lambda: page_of(d.image, 5) == b"\xcd" * wire.PAGE)
         m.close()  # the main channel breaks
-        wait_status(d, ("postcopy-paused",), timeout=10, fail_on=("failed", "completed"))
+        wait_status(d, ("postcopy-paused",), timeout=BELOW_LINK_TIMEOUT,
+                    fail_on=("failed", "completed"))
         rport = free_port()
         d.qmp.cmd("migrate-recover", uri=f"tcp:127.0.0.1:{rport}")
         m2 = socket.create_connection(("127.0.0.1", rport))
@@ -481,7 +560,7 @@ def test_no_preempt_page_in_flight_is_lost():
         try:
             wait_log(d, "postcopy preempt channel connected")
             p.sendall(wire.page(7 * wire.PAGE, page[7]))
-            check(proxy.forwarded.wait(10), "the proxy forwarded nothing")
+            check(proxy.forwarded.wait(60), "the proxy forwarded nothing")
             p.sendall(wire.page(11 * wire.PAGE, page[11]) + wire.flag(wire.EOS))
             m.sendall(wire.end() + wire.flag(wire.EOS) + wire.footer() + b"\x00")
             t0 = time.monotonic()
@@ -510,7 +589,8 @@ def test_destination_refuses_cancel_in_postcopy():
             port, m = postcopy_dest(d, preempt=False)
             if state == "postcopy-paused":
                 m.close()
-                wait_status(d, (state,), timeout=10, fail_on=("failed", "completed", "cancelled"))
+                wait_status(d, (state,), timeout=BELOW_LINK_TIMEOUT,
+                            fail_on=("failed", "completed", "cancelled"))
             r = d.qmp.execute("migrate_cancel")
             check(r.get("error", {}).get("desc") == refusal, f"{state}: migrate_cancel -> {r}")
             hmp = d.qmp.hmp("migrate_cancel")
@@ -562,18 +642,35 @@ def test_pause_while_waiting_for_the_preempt_end_marker():
             p = preempt_connect(d, port)
             p.sendall(wire.page(7 * wire.PAGE, b"\xef" * wire.PAGE))
             m.sendall(wire.end() + wire.flag(wire.EOS) + wire.footer() + b"\x00")
-            time.sleep(0.2)  # the main stream's end read (nothing to poll: it waits silently)
+            wait_until("the destination to wait for the end marker",
+                       lambda: waits_for_the_end_marker(d, port, m),
+                       seen=lambda: sleeping_calls(d.proc.pid))
             check(d.status()["status"] == "postcopy-active", d.status())
             d.qmp.cmd("migrate-pause")
-            wait_status(d, ("postcopy-paused",), timeout=3,
+            wait_status(d, ("postcopy-paused",), timeout=60,
                         fail_on=("failed", "completed", "cancelled"))
-            deadline = time.monotonic() + timeout_ms / 1000 + 0.5
-            while time.monotonic() < deadline:
-                check(d.status()["status"] == "postcopy-paused", d.status())
-                time.sleep(0.1)
+            # The pause ended the wait (a link timeout says otherwise).
+            wait_log(d, "paused while waiting for the postcopy preempt channel's end marker")
+            if timeout_ms:
+                # Nothing is to happen at the link timeout, nothing marks it:
+                # pacing past it, then the state must be unchanged.
+                time.sleep(timeout_ms / 1000 + 0.5)
+            check(d.status()["status"] == "postcopy-paused", d.status())
             check(quits_in_time(d), f"quit hung (link timeout {timeout_ms} ms)")
             p.close()
             m.close()
+
+
+def waits_for_the_end_marker(d, port, m):
+    """Whether the destination has read the main stream to its end (all
+    we sent is read) and its main load thread sleeps on a condition
+    variable (end_preempt()'s wait for the preempt reader)."""
+    ours = tcp_socket(port, m.getsockname()[1])
+    if ours is None or ours[1]:
+        return False
+    return any(name == "mig/dst/main" and call[0] == CALLS["futex"]
+               and call[2] & 0x7f == FUTEX_WAIT_BITSET
+               for name, call in sleeping_calls(d.proc.pid).values())
 
 
 if __name__ == "__main__":
