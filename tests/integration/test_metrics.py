@@ -20,6 +20,7 @@ from fixtures import images, MiB
 from runner import (Peer, QMIGD, free_port, start_incoming, wait_status, files_equal, end_process,
                     migrate, unique_name, stop_all)
 from qmp import QMP
+from waiting import wait_until
 
 SIZE = 64 * MiB
 
@@ -67,14 +68,19 @@ def test_exposition_passes_promtool():
                 check(value(text, 'qmigd_migration_status{status="none"}') == 1, text)
             s.qmp.cmd("migrate-set-parameters", {"max-bandwidth": 32 * MiB})
             s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{start_incoming(d)}")
-            wait_status(s, ("active",), 10)
-            time.sleep(0.5)
-            _, text = get(surl)
+            wait_status(s, ("active",), 60)
+            # 64 MiB at 32 MiB/s: some seconds of bytes moving to catch.
+            scraped = {}
+
+            def moving():
+                scraped["text"] = get(surl)[1]
+                return value(scraped["text"], "qmigd_migration_transferred_bytes_total") > 0
+            wait_until("a scrape showing bytes sent", moving, seen=lambda: scraped["text"])
+            text = scraped["text"]
             promtool_check(text)
             check(value(text, 'qmigd_migration_status{status="active"}') == 1, text)
-            check(value(text, "qmigd_migration_transferred_bytes_total") > 0, text)
-            wait_status(s, ("completed",), 30)
-            wait_status(d, ("completed",), 30)
+            wait_status(s, ("completed",), 60)
+            wait_status(d, ("completed",), 60)
             check(files_equal(imgs[0][1], imgs[0][2]), "images differ")
             for url, side in ((surl, s), (durl, d)):
                 _, text = get(url)
@@ -155,31 +161,41 @@ def test_real_prometheus_scrapes_a_migration():
                 ["prometheus", f"--config.file={work}/prometheus.yml",
                  f"--storage.tsdb.path={work}/data", f"--web.listen-address=127.0.0.1:{port}"],
                 stdout=log, stderr=subprocess.STDOUT)
-            deadline = time.monotonic() + 60
-            while True:
+
+            def ready():
+                check(prom.poll() is None, "prometheus ended: " + open(log.name).read()[-2000:])
                 try:
-                    if get(f"http://127.0.0.1:{port}/-/ready", 2)[0] == 200:
-                        break
+                    return get(f"http://127.0.0.1:{port}/-/ready", 2)[0] == 200
                 except OSError:
-                    pass
-                check(time.monotonic() < deadline and prom.poll() is None,
-                      "prometheus did not come up: " + open(log.name).read()[-2000:])
-                time.sleep(0.3)
+                    return False
+            wait_until("prometheus to be ready", ready, every=0.3,
+                       seen=lambda: open(log.name).read()[-2000:])
 
             def query(expr):
                 url = f"{api}/query?" + urllib.parse.urlencode({"query": expr})
                 return json.loads(get(url)[1])["data"]["result"]
             # Scraping both before the migration starts.
-            while len(query('up{job="qmigd"} == 1')) < 2:
-                check(time.monotonic() < deadline, query("up"))
-                time.sleep(0.5)
-            s.qmp.cmd("migrate-set-parameters", {"max-bandwidth": 16 * MiB})
-            s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{start_incoming(d)}")
-            wait_status(s, ("completed",), 60)
-            wait_status(d, ("completed",), 30)
-            time.sleep(2.5)  # two more scrapes after the end
+            wait_until("prometheus to scrape both daemons",
+                       lambda: len(query('up{job="qmigd"} == 1')) == 2, every=0.3,
+                       seen=lambda: query("up"))
             # Prometheus labels each series with its target (instance).
             src_i, dst_i = targets
+            # Slow (1 MiB/s) until Prometheus has scraped the source active
+            # and moving, whenever its scrapes come; then at full speed.
+            s.qmp.cmd("migrate-set-parameters", {"max-bandwidth": 1 * MiB})
+            s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{start_incoming(d)}")
+            wait_until("prometheus to scrape the source active and sending",
+                       lambda: query(f'qmigd_migration_throughput_bytes_per_second'
+                                     f'{{instance="{src_i}"}} > 0 and on(instance) '
+                                     f'qmigd_migration_status{{status="active",'
+                                     f'instance="{src_i}"}} == 1'), every=0.3,
+                       seen=lambda: query(f'qmigd_migration_status{{instance="{src_i}"}} == 1'))
+            s.qmp.cmd("migrate-set-parameters", {"max-bandwidth": 0})
+            wait_status(s, ("completed",), 60)
+            wait_status(d, ("completed",), 60)
+            done = f'qmigd_last_migration_status{{status="completed"}} == 1'
+            wait_until("prometheus to scrape both sides completed",
+                       lambda: len(query(done)) == 2, every=0.3, seen=lambda: query(done))
             active = query('max_over_time(qmigd_migration_status{status="active",'
                            f'instance="{src_i}"}}[2m])')
             check(active and float(active[0]["value"][1]) == 1, active)
@@ -252,7 +268,10 @@ def test_idle_scrapers_leave_descriptors_for_the_monitor():
                 socks.append(socket.create_connection(("127.0.0.1", port), timeout=2))
             except OSError:
                 break
-        time.sleep(0.5)
+        # The daemon has taken (or cut) every one of them.
+        wait_until("the daemon to accept every idle scraper", lambda: accept_queue(port) == 0)
+        # A latency test: with no descriptor left the monitor could take its
+        # client only once a scraper's 5 s deadline freed one.
         q = QMP(qmp_path, timeout=3, startup=3)
         check(q.cmd("query-status")["status"] == "inmigrate", "monitor")
         q.cmd("migrate-incoming", uri="tcp:127.0.0.1:0")
@@ -268,6 +287,15 @@ def test_idle_scrapers_leave_descriptors_for_the_monitor():
         shutil.rmtree(d, ignore_errors=True)
 
 
+def accept_queue(port):
+    """Connections waiting in the accept queue of the listener on `port`
+    (/proc/net/tcp: a listener's rx_queue)."""
+    with open("/proc/net/tcp") as f:
+        next(f)
+        return sum(int(v[4].split(":")[1], 16) for v in (line.split() for line in f)
+                   if v[3] == "0A" and int(v[1].split(":")[1], 16) == port)
+
+
 @test
 def test_scrape_cost():
     """What serving /metrics costs: scrapes a second one client gets, and a
@@ -275,6 +303,8 @@ def test_scrape_cost():
     with images(256 * MiB, "mixed") as imgs:
         s, d, surl, durl = metrics_peers(imgs, 256 * MiB)
         try:
+            # A cost test: one client's scrapes for 2 s. Beside a hog it still
+            # makes hundreds a second; 20 is what the text cache allows a flood.
             n, t0 = 0, time.monotonic()
             while time.monotonic() - t0 < 2:
                 get(surl)
