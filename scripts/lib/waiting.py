@@ -75,3 +75,34 @@ def task_state(pid, tid=None):
     path = f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat"
     with open(path) as f:
         return f.read().rsplit(")", 1)[1].split()[0]
+
+
+class TcpSocket(tuple):
+    """One IPv4 TCP socket of /proc/net/tcp: (lport, rport, state, rx_queue,
+    inode). state is the kernel's hex code ("01" ESTABLISHED, "02"
+    SYN_SENT, "0A" LISTEN); rx_queue is the bytes its owner has not read
+    (a listener's: its accept queue's length)."""
+    lport = property(lambda s: s[0])
+    rport = property(lambda s: s[1])
+    state = property(lambda s: s[2])
+    rx_queue = property(lambda s: s[3])
+    inode = property(lambda s: s[4])
+
+    LISTEN, ESTABLISHED, SYN_SENT = "0A", "01", "02"
+
+
+def tcp_sockets():
+    """Every IPv4 TCP socket of this network namespace, as TcpSockets: what
+    a test reads to know that a daemon has accepted, read or sent
+    something, or has a connection under way."""
+    with open("/proc/net/tcp") as f:
+        lines = f.read().splitlines()[1:]
+    for line in lines:
+        v = line.split()
+        yield TcpSocket((int(v[1].split(":")[1], 16), int(v[2].split(":")[1], 16), v[3],
+                         int(v[4].split(":")[1], 16), int(v[9])))
+
+
+def accept_queue(port):
+    """Connections waiting in the accept queue of the listener on `port`."""
+    return sum(s.rx_queue for s in tcp_sockets() if s.state == TcpSocket.LISTEN and s.lport == port)

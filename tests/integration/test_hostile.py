@@ -15,7 +15,7 @@ import time
 from itest import test, main, check
 from fixtures import images, peers, MiB
 from runner import Peer, QMP, QMIGD, unique_name, remove, wait_status, start_incoming, proc_status
-from waiting import wait_until
+from waiting import wait_until, tcp_sockets, accept_queue
 
 SIZE = 16 * MiB
 # A latency bound: quit, SIGTERM and migrate_cancel end a connect at once;
@@ -179,22 +179,6 @@ def test_descriptor_flood_is_not_kept(p):
     wait_until("the daemon to close the gone client's descriptors",
                lambda: open_fds(p.proc.pid) <= before,
                seen=lambda: f"{open_fds(p.proc.pid) - before} more than before it came")
-
-
-def tcp_sockets():
-    """(local port, remote port, state, rx_queue, inode) of every IPv4 TCP
-    socket (/proc/net/tcp; state 02 is SYN_SENT, 0A LISTEN, whose rx_queue
-    is its accept queue's length)."""
-    with open("/proc/net/tcp") as f:
-        next(f)
-        for line in f:
-            v = line.split()
-            yield (int(v[1].split(":")[1], 16), int(v[2].split(":")[1], 16), v[3],
-                   int(v[4].split(":")[1], 16), int(v[9]))
-
-
-def accept_queue(port):
-    return sum(rx for lport, _, st, rx, _ in tcp_sockets() if st == "0A" and lport == port)
 
 
 def connecting(pid, port):

@@ -29,7 +29,7 @@ from itest import test, main, check
 from fixtures import MiB
 from runner import (Peer, make_image, remove, unique_name, wait_status, start_incoming, free_port,
                     SANITIZED)
-from waiting import wait_until, wait_text, DEADLINE
+from waiting import wait_until, wait_text, DEADLINE, tcp_sockets
 
 SIZE = 4 * MiB
 PC = [{"capability": "postcopy-ram", "state": True}]
@@ -119,12 +119,9 @@ def blocked_sending(pid, inode=None):
 def tcp_socket(lport, rport):
     """(inode, rx_queue: bytes its owner has not read) of the IPv4 TCP
     socket from `lport` to `rport`, or None (/proc/net/tcp)."""
-    with open("/proc/net/tcp") as f:
-        next(f)
-        for line in f:
-            v = line.split()
-            if (int(v[1].split(":")[1], 16), int(v[2].split(":")[1], 16)) == (lport, rport):
-                return int(v[9]), int(v[4].split(":")[1], 16)
+    for s in tcp_sockets():
+        if (s.lport, s.rport) == (lport, rport):
+            return s.inode, s.rx_queue
     return None
 
 

@@ -20,7 +20,7 @@ from fixtures import images, MiB
 from runner import (Peer, QMIGD, free_port, start_incoming, wait_status, files_equal, end_process,
                     migrate, unique_name, stop_all)
 from qmp import QMP
-from waiting import wait_until
+from waiting import wait_until, accept_queue
 
 SIZE = 64 * MiB
 
@@ -285,15 +285,6 @@ def test_idle_scrapers_leave_descriptors_for_the_monitor():
         p.terminate()
         p.wait(10)
         shutil.rmtree(d, ignore_errors=True)
-
-
-def accept_queue(port):
-    """Connections waiting in the accept queue of the listener on `port`
-    (/proc/net/tcp: a listener's rx_queue)."""
-    with open("/proc/net/tcp") as f:
-        next(f)
-        return sum(int(v[4].split(":")[1], 16) for v in (line.split() for line in f)
-                   if v[3] == "0A" and int(v[1].split(":")[1], 16) == port)
 
 
 @test

@@ -25,7 +25,7 @@ import time
 from itest import test, main, check
 from fixtures import images, MiB
 from runner import Peer, proc_status, free_port, start_incoming, wait_status, files_equal
-from waiting import wait_until
+from waiting import wait_until, tcp_sockets, TcpSocket
 
 # What the daemon allows (daemon/service/metrics_server.h).
 CAP = 512
@@ -72,13 +72,10 @@ def listener_caught_up(port, count):
     """Whether the daemon listening on `port` has accepted `count`
     connections and read all they sent (/proc/net/tcp: its accept queue
     and its sockets' receive queues are empty)."""
-    with open("/proc/net/tcp") as f:
-        next(f)
-        rows = [(v[3], int(v[4].split(":")[1], 16)) for v in (line.split() for line in f)
-                if int(v[1].split(":")[1], 16) == port]
-    conns = [rx for st, rx in rows if st == "01"]
-    return (all(rx == 0 for st, rx in rows if st == "0A") and len(conns) >= count
-            and not any(conns))
+    rows = [s for s in tcp_sockets() if s.lport == port]
+    conns = [s.rx_queue for s in rows if s.state == TcpSocket.ESTABLISHED]
+    return (all(s.rx_queue == 0 for s in rows if s.state == TcpSocket.LISTEN)
+            and len(conns) >= count and not any(conns))
 
 
 class Figures:

@@ -28,7 +28,7 @@ from fixtures import images, peers, hand_over_socketpair, MiB  # noqa: E402
 from runner import (start_incoming, wait_status, files_equal, migrate, sandbox_spawning,  # noqa: E402
                     proc_status)
 from qmp import QMPError  # noqa: E402
-from waiting import wait_until, wait_file, wait_text  # noqa: E402
+from waiting import wait_until, wait_file, wait_text, tcp_sockets, TcpSocket  # noqa: E402
 
 SIZE = 64 * MiB
 ROOT = tempfile.mkdtemp(prefix="qmigd-tls-")
@@ -479,13 +479,8 @@ def test_tls_source_into_plain_destination():
 def unread(port):
     """Bytes not yet read by the listener on 127.0.0.1:port, on each of its
     established connections (/proc/net/tcp's rx_queue, accepted or not)."""
-    out = []
-    with open("/proc/net/tcp") as f:
-        for line in list(f)[1:]:
-            local, _, state, queues = line.split()[1:5]
-            if state == "01" and int(local.split(":")[1], 16) == port:
-                out.append(int(queues.split(":")[1], 16))
-    return out
+    return [s.rx_queue for s in tcp_sockets()
+            if s.state == TcpSocket.ESTABLISHED and s.lport == port]
 
 
 @test
