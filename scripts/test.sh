@@ -13,11 +13,12 @@
 # Each phase says how long it took; each ctest run ends with its ten
 # slowest tests. docs/testing.md has the measured phases.
 #
-# The thread-safety check and the sanitizer and fuzz trees build one after
+# The sanitizer and fuzz trees and the thread-safety check build one after
 # the other in the background at nice 19 while the release tests run: the
 # tests mostly wait on sockets, timers and QEMU, and a test's thread
-# preempts a niced compiler when it wakes. Each later phase first waits
-# for its tree.
+# preempts a niced compiler when it wakes. After the release tests, each
+# sanitizer tree's tests and the fuzz runs start as soon as their tree is
+# there, side by side.
 set -euo pipefail
 quick=
 if [ "${1:-}" = --quick ]; then
@@ -107,7 +108,7 @@ if [ -z "$quick" ]; then
     set -m
     (
         renice -n 19 -p "$BASHPID" >/dev/null
-        background_step build/thread-safety ./scripts/thread-safety.sh build
+        # In the order the phases after the release tests need them.
         for san in ${QMIGD_SANITIZE:-}; do
             background_step "$(san_dir "$san")" build_san_tree "$san"
         done
@@ -115,6 +116,7 @@ if [ -z "$quick" ]; then
             CXX=clang++ background_step build-fuzz build_tree build-fuzz fuzz_all \
                 -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQMIGD_FUZZ=ON
         fi
+        background_step build/thread-safety ./scripts/thread-safety.sh build
     ) &
     builds_pid=$!
     set +m
@@ -128,27 +130,25 @@ if [ -n "$quick" ]; then
 fi
 run_ctest build "" "$@"
 phase "release tests"
-wait_tree build/thread-safety "the thread-safety analysis"
 
-# The sanitizer trees' tests, both at once (each one at a time: each
-# sanitizer slows its test 2-10x, so two such tests fill the machine).
-if [ -n "${QMIGD_SANITIZE:-}" ]; then
-    pids=()
-    for san in $QMIGD_SANITIZE; do
-        dir=$(san_dir "$san")
-        wait_tree "$dir" "the $san build"
-        CTEST_PARALLEL_LEVEL=1 run_ctest "$dir" "[$san] " -L sanitizer &
-        pids+=($!)
-    done
-    rc=0
-    for p in "${pids[@]}"; do wait "$p" || rc=1; done
-    phase "sanitizer tests"
-    [ "$rc" = 0 ] || { echo "test.sh: sanitizer tests failed"; exit 1; }
-fi
-
+# Then the sanitizer trees' tests and the fuzz runs side by side, each as
+# soon as its tree is built: a sanitized test waits on its peers about as
+# much as a release one, and the fuzz targets fill what they leave.
+pids=()
+for san in ${QMIGD_SANITIZE:-}; do
+    dir=$(san_dir "$san")
+    wait_tree "$dir" "the $san build"
+    run_ctest "$dir" "[$san] " -L sanitizer &
+    pids+=($!)
+done
 # A short libFuzzer run of each target from its checked-in corpus.
 if [ -n "$fuzz" ]; then
     wait_tree build-fuzz "the fuzz build"
-    run_ctest build-fuzz "" -L fuzz -j"$(nproc)"
-    phase "fuzzing"
+    run_ctest build-fuzz "[fuzz] " -L fuzz &
+    pids+=($!)
 fi
+wait_tree build/thread-safety "the thread-safety analysis"
+rc=0
+for p in "${pids[@]}"; do wait "$p" || rc=1; done
+[ "${#pids[@]}" = 0 ] || phase "sanitizer tests and fuzzing"
+[ "$rc" = 0 ] || { echo "test.sh: sanitizer or fuzz tests failed"; exit 1; }
