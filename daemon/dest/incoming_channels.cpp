@@ -273,15 +273,17 @@ void IncomingMigration::handshake_on_thread(UniqueFd fd, std::vector<uint8_t> ra
     // Held here until tls_ready() makes it a Channel (or closed with the
     // work, should its result never come).
     auto owned = std::make_shared<UniqueFd>(std::move(fd));
-    handshakes_->start(*owned, [this, gen, owned, raw = std::move(raw), params = params_.tls,
-                                multifd = params_.multifd](TlsHandshakes::Progress &progress) {
+    size_t already_read = raw.size();
+    auto work = [this, gen, owned, raw = std::move(raw), params = params_.tls,
+                 multifd = params_.multifd](TlsHandshakes::Progress &progress) {
         auto tls = std::make_shared<std::unique_ptr<TlsSession>>();
         auto prefix = tls_identify(*owned, raw, params, multifd, progress, tls.get());
         return TlsHandshakes::Then([this, gen, owned, prefix, tls](bool ended) {
             auto ch = std::make_unique<Channel>(std::move(*owned), std::move(*tls));
             tls_ready(gen, std::move(ch), prefix, ended);
         });
-    });
+    };
+    handshakes_->start(*owned, already_read, std::move(work));
 }
 
 // Handshake thread: the handshake, then the first decrypted bytes, which

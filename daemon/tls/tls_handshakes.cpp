@@ -1,6 +1,7 @@
 // TLS handshakes of a destination's connections: a thread each, bounded, evicted and reaped.
 #include "daemon/tls/tls_handshakes.h"
 
+#include <algorithm>
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -22,7 +23,7 @@ TlsHandshakes::~TlsHandshakes()
     close_all();
 }
 
-void TlsHandshakes::start(const UniqueFd &fd, Work work)
+void TlsHandshakes::start(const UniqueFd &fd, size_t already_read, Work work)
 {
     size_t live = 0;
     for (const Entry &e : entries_) {
@@ -46,6 +47,7 @@ void TlsHandshakes::start(const UniqueFd &fd, Work work)
     e.id = next_id_++;
     e.fd = fd.get();
     e.started_ms = uv_now(loop_);
+    e.already_read = already_read;
     e.thread = std::thread([this, id = e.id, &progress = e.progress, work = std::move(work)] {
         set_thread_name("mig/dst/tls");
         Then then = work(progress);
@@ -94,7 +96,7 @@ uint64_t TlsHandshakes::bytes_sent_by_peer(const Entry &e)
     if (ioctl(e.fd, FIONREAD, &queued) != 0 || queued < 0) {
         queued = 0;
     }
-    return e.progress.bytes.load() + uint64_t(queued);
+    return std::max(e.progress.bytes.load(), e.already_read) + uint64_t(queued);
 }
 
 // Which handshake a newcomer ends when all places are taken, in order:

@@ -65,8 +65,10 @@ public:
     // Loop thread. Runs work for the socket fd on a new thread. Its result
     // always reaches the loop, also after close_all() (the caller tells a
     // stale one by its own generation count). fd is the caller's, open
-    // until that result has run (see above).
-    void start(const UniqueFd &fd, Work work);
+    // until that result has run (see above). `already_read`: the bytes the
+    // listener took off the socket before (they count as the peer's from
+    // now, not only once the thread has run).
+    void start(const UniqueFd &fd, size_t already_read, Work work);
     // Loop thread. Ends every handshake (shuts their sockets) and joins
     // their threads.
     void close_all();
@@ -77,6 +79,7 @@ private:
         uint64_t id = 0;
         int fd = -1; // start()'s fd's number, a borrow (see above); end() shuts it down
         uint64_t started_ms = 0; // uv_now() at start, as the listener's clock
+        uint64_t already_read = 0; // start()'s, which progress.bytes counts once the work reads it
         Progress progress;
         bool ended = false; // its socket was shut down
         std::thread thread;
