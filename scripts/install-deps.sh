@@ -6,6 +6,8 @@
 # libseccomp-dev: --sandbox. libmicrohttpd-dev: --metrics. python3-matplotlib: the
 # benchmarks' --plot charts.
 # help2man: the qmigd(1) and qmig(1) man pages (man-db: test_package reads them).
+# clang and libclang-rt-14-dev: the ASan+UBSan tree, its libFuzzer targets
+# and the thread-safety analysis.
 # debootstrap and systemd-container: test_package.py installs the .deb on a
 # fresh Debian 12 and boots systemd there.
 set -euo pipefail
@@ -18,7 +20,7 @@ for p in build-essential cmake pkg-config libuv1-dev nlohmann-json3-dev \
          libcli11-dev libspdlog-dev catch2 python3 zlib1g-dev libzstd-dev \
          libgnutls28-dev gnutls-bin linux-image-amd64 busybox-static cpio file \
          libmicrohttpd-dev prometheus libseccomp-dev python3-matplotlib help2man man-db \
-         debootstrap systemd-container; do
+         debootstrap systemd-container clang libclang-rt-14-dev; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
         || need_pkgs+=("$p")
 done

@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test through ctest,
 # side by side (CTEST_PARALLEL_LEVEL, default: the number of CPUs).
-#   ./scripts/test.sh                 everything: release tests, clang's
-#                                     thread-safety analysis, and under CI
-#                                     the ASan+UBSan, TSan and fuzz trees
+#   ./scripts/test.sh                 the release tests and clang's
+#                                     thread-safety analysis; under CI also
+#                                     the ASan+UBSan tree (clang, with the
+#                                     fuzz targets) and the TSan tree
 #   ./scripts/test.sh --quick         the unit tests and a few small
 #                                     integration tests (label quick), in
 #                                     about three minutes from a built tree
 #   ./scripts/test.sh -R NAME         arguments go to the release ctest
 # QMIGD_SANITIZE picks the sanitizer trees (default in CI: "address
-# thread"; locally: none); each runs the tests labelled `sanitizer`.
+# thread"; locally: none); each runs the tests labelled `sanitizer`, the
+# ASan tree also those labelled `fuzz`.
 # Each phase says how long it took; each ctest run ends with its ten
 # slowest tests. docs/testing.md has the measured phases.
 #
-# The sanitizer and fuzz trees and the thread-safety check build one after
-# the other in the background at nice 19 while the release tests run: the
-# tests mostly wait on sockets, timers and QEMU, and a test's thread
+# The sanitizer trees (or, without them, the thread-safety check) build one
+# after the other in the background at nice 19 while the release tests run:
+# the tests mostly wait on sockets, timers and QEMU, and a test's thread
 # preempts a niced compiler when it wakes. After the release tests, each
-# sanitizer tree's tests and the fuzz runs start as soon as their tree is
-# there, side by side.
+# sanitizer tree's tests start as soon as the tree is there, side by side.
 set -euo pipefail
 quick=
 if [ "${1:-}" = --quick ]; then
@@ -89,14 +90,19 @@ wait_tree() {
     phase "waiting for $name (it took $secs s in the background)"
 }
 
-# libFuzzer targets where clang is there (tests/fuzz/CMakeLists.txt).
-fuzz=
-if [ -n "${QMIGD_SANITIZE:-}" ] && command -v clang++ >/dev/null 2>&1; then
-    fuzz=yes
-fi
-
 ./scripts/install-deps.sh
 phase "installing dependencies"
+# The ASan+UBSan tree is clang's, with the libFuzzer targets, and its build
+# is the thread-safety analysis (scripts/lib/trees.sh); CI needs it so.
+clang_asan=
+case " ${QMIGD_SANITIZE:-} " in *" address "*)
+    if asan_is_clang; then
+        clang_asan=yes
+    elif [ "${CI:-}" = true ]; then
+        echo "test.sh: CI builds ASan+UBSan and the fuzz targets with clang++ and its libFuzzer; neither is here"
+        exit 1
+    fi ;;
+esac
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"
 phase "building (release)"
@@ -108,15 +114,13 @@ if [ -z "$quick" ]; then
     set -m
     (
         renice -n 19 -p "$BASHPID" >/dev/null
-        # In the order the phases after the release tests need them.
-        for san in ${QMIGD_SANITIZE:-}; do
-            background_step "$(san_dir "$san")" build_san_tree "$san"
+        # TSan's tree first: its tests take longest.
+        for san in thread address; do
+            case " ${QMIGD_SANITIZE:-} " in *" $san "*)
+                background_step "$(san_dir "$san")" build_san_tree "$san" ;;
+            esac
         done
-        if [ -n "$fuzz" ]; then
-            CXX=clang++ background_step build-fuzz build_tree build-fuzz fuzz_all \
-                -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQMIGD_FUZZ=ON
-        fi
-        background_step build/thread-safety ./scripts/thread-safety.sh build
+        [ -n "$clang_asan" ] || background_step build/thread-safety ./scripts/thread-safety.sh build
     ) &
     builds_pid=$!
     set +m
@@ -135,19 +139,16 @@ phase "release tests"
 # soon as its tree is built: a sanitized test waits on its peers about as
 # much as a release one, and the fuzz targets fill what they leave.
 pids=()
-for san in ${QMIGD_SANITIZE:-}; do
+for san in thread address; do
+    case " ${QMIGD_SANITIZE:-} " in *" $san "*) ;; *) continue ;; esac
     dir=$(san_dir "$san")
     wait_tree "$dir" "the $san build"
-    run_ctest "$dir" "[$san] " -L sanitizer &
+    # A clang ASan tree has the fuzz targets: a short libFuzzer run of each
+    # from its checked-in corpus, beside the sanitizer tests.
+    run_ctest "$dir" "[$san] " -L "sanitizer|fuzz" &
     pids+=($!)
 done
-# A short libFuzzer run of each target from its checked-in corpus.
-if [ -n "$fuzz" ]; then
-    wait_tree build-fuzz "the fuzz build"
-    run_ctest build-fuzz "[fuzz] " -L fuzz &
-    pids+=($!)
-fi
-wait_tree build/thread-safety "the thread-safety analysis"
+[ -n "$clang_asan" ] || wait_tree build/thread-safety "the thread-safety analysis"
 rc=0
 for p in "${pids[@]}"; do wait "$p" || rc=1; done
 [ "${#pids[@]}" = 0 ] || phase "sanitizer tests and fuzzing"

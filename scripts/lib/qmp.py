@@ -4,7 +4,9 @@ Speaks to QEMU 10 and to qmigd alike: greeting, qmp_capabilities,
 execute with id, events kept in a queue.
 """
 import json
+import os
 import socket
+import struct
 
 from waiting import wait_until, WaitTimeout
 
@@ -50,9 +52,38 @@ class QMP:
             self.cmd("qmp_capabilities")
         self.sock.settimeout(timeout)
 
+    def peer_threads(self):
+        """What the process on the other end is doing, thread by thread
+        (name, state, kernel wait channel, syscall): said when it does not
+        answer in time, so that a stall in CI names its cause."""
+        try:
+            cred = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                        struct.calcsize("3i"))
+            pid = struct.unpack("3i", cred)[0]
+            out = []
+            for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+                t = f"/proc/{pid}/task/{tid}"
+                def part(name):
+                    try:
+                        with open(f"{t}/{name}") as f:
+                            return f.read().strip()
+                    except OSError:
+                        return "?"
+                stat = part("stat")
+                state = stat.rsplit(")", 1)[1].split()[0] if ")" in stat else "?"
+                out.append(f"{tid} {part('comm')} {state} wchan={part('wchan')} "
+                           f"syscall={part('syscall').split(' ')[0]}")
+            return f"pid {pid}: " + "; ".join(out)
+        except OSError as e:
+            return f"peer unknown ({e})"
+
     def _read(self):
         while b"\n" not in self.buf:
-            chunk = self.sock.recv(65536)
+            try:
+                chunk = self.sock.recv(65536)
+            except socket.timeout:
+                raise TimeoutError(f"QMP socket {self.path}: no answer in "
+                                   f"{self.sock.gettimeout()} s; {self.peer_threads()}") from None
             if not chunk:
                 raise ConnectionError(f"QMP socket {self.path} closed")
             self.buf += chunk

@@ -1,8 +1,9 @@
 # The build trees the suites run in, for scripts/test.sh and
 # scripts/flake-hunt.sh (sourced, from the top of the checkout).
 #   build/        release (cmake's Release)
-#   build-asan/   ASan+UBSan    build-tsan/  TSan
-#   build-fuzz/   clang, the libFuzzer targets
+#   build-asan/   ASan+UBSan: clang, with the libFuzzer targets, where
+#                 clang is (gcc, without them, where not)
+#   build-tsan/   TSan (gcc)
 
 # -g1 keeps the line tables a sanitizer's report prints, not the variables'
 # descriptions; ASan+UBSan at -O1 (ASan's own advice), TSan at -O2. Of
@@ -22,8 +23,21 @@ build_tree() {
     cmake -S . -B "$dir" "$@" && cmake --build "$dir" --target "$target" -j"$(nproc)"
 }
 
-# Configures and builds the tree of sanitizer SAN (address or thread).
+# Whether the ASan+UBSan tree is clang's, with the fuzz targets and the
+# thread-safety analysis in its build: clang and its libFuzzer are there.
+asan_is_clang() {
+    command -v clang++ >/dev/null 2>&1 \
+        && [ -e "$(clang++ -print-file-name=libclang_rt.fuzzer-x86_64.a)" ]
+}
+
+# Configures and builds the tree of sanitizer SAN (address or thread). One
+# clang tree serves ASan's tests and the fuzz targets: a second full build
+# of the same code cost more than all the fuzzing it was for.
 build_san_tree() {
-    build_tree "$(san_dir "$1")" all -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQMIGD_SANITIZE="$1" \
-        -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$(san_flags "$1")"
+    local args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DQMIGD_SANITIZE="$1"
+                -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$(san_flags "$1")")
+    if [ "$1" = address ] && asan_is_clang; then
+        args+=(-DCMAKE_CXX_COMPILER=clang++ -DQMIGD_FUZZ=ON)
+    fi
+    build_tree "$(san_dir "$1")" all "${args[@]}"
 }
