@@ -3,10 +3,12 @@
 mistyped command, QEMU's size syntax in --ram and in qmig run, Ctrl-C of a
 migration qmig started (cancelled on both sides, no traceback), and the
 destination's `info migrate` next to a QEMU 10 destination's."""
+import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 
@@ -265,6 +267,51 @@ def test_bash_completion():
     finally:
         p.stop()
         remove(img)
+
+
+def fake_monitor(path, names):
+    """A QMP server on `path` that calls its commands `names`: what a socket
+    in /tmp may say to whoever completes a command line against it. Serves
+    clients until the socket is closed (returned)."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(4)
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            with c, c.makefile("rwb") as f:
+                f.write(b'{"QMP": {"version": {}, "capabilities": []}}\n')
+                f.flush()
+                for line in f:
+                    req = json.loads(line)
+                    ret = ([{"name": n} for n in names]
+                           if req.get("execute") == "query-commands" else {})
+                    f.write(json.dumps({"return": ret, "id": req.get("id")}).encode() + b"\n")
+                    f.flush()
+    threading.Thread(target=serve, daemon=True).start()
+    return srv
+
+
+@test
+def test_completion_never_runs_what_a_monitor_names():
+    """Command names are a monitor's to choose: a name that is shell code
+    is neither run nor offered; the honest names beside it still are."""
+    env = {**os.environ, "PATH": os.pathsep.join([os.path.dirname(QMIG), os.environ["PATH"]])}
+    path = f"/tmp/{unique_name('evil')}.qmp"
+    mark = f"/tmp/{unique_name('pwned')}"
+    names = [f"$(touch {mark})", f"`touch {mark}`", f"a;touch {mark}", "*", "query-status"]
+    srv = fake_monitor(path, names)
+    try:
+        got = complete("qmig", ["qmig", path, ""], env)
+        check(not os.path.exists(mark), "completion ran a command name as shell code")
+        check(got == ["query-status", "hmp", "wait", "events"], f"offered: {got}")
+    finally:
+        srv.close()
+        remove(path, mark)
 
 
 if __name__ == "__main__":
