@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import struct
+import time
 
 from waiting import wait_until, WaitTimeout
 
@@ -16,6 +17,17 @@ class QMPError(Exception):
         super().__init__(f"{cls}: {desc}")
         self.cls = cls
         self.desc = desc
+
+
+class NotQMP(ConnectionError):
+    """The peer on the socket does not speak QMP (an HMP monitor, a stream
+    of bytes): its first words, or how much it sent without a line end."""
+
+
+# The longest line a monitor sends: QEMU 10's query-qmp-schema is ~0.2 MiB;
+# its greeting, ~150 bytes.
+MAX_LINE = 16 << 20
+MAX_GREETING = 64 << 10
 
 
 class QMP:
@@ -47,7 +59,10 @@ class QMP:
         self.buf = b""
         self.events = []
         self.next_id = 1
-        self.greeting = self._read()
+        self.greeting = self._read(MAX_GREETING)
+        if not isinstance(self.greeting, dict) or "QMP" not in self.greeting:
+            raise NotQMP(f"{path} is not a QMP monitor: its greeting was "
+                         f"{json.dumps(self.greeting)[:80]}")
         if negotiate:
             self.cmd("qmp_capabilities")
         self.sock.settimeout(timeout)
@@ -77,18 +92,40 @@ class QMP:
         except OSError as e:
             return f"peer unknown ({e})"
 
-    def _read(self):
-        while b"\n" not in self.buf:
-            try:
-                chunk = self.sock.recv(65536)
-            except socket.timeout:
-                raise TimeoutError(f"QMP socket {self.path}: no answer in "
-                                   f"{self.sock.gettimeout()} s; {self.peer_threads()}") from None
-            if not chunk:
-                raise ConnectionError(f"QMP socket {self.path} closed")
-            self.buf += chunk
+    def _read(self, max_line=None):
+        """The next message. The socket's timeout bounds the whole message,
+        not each recv (a peer that sends a byte at a time cannot hold the
+        reader); a line longer than max_line (MAX_LINE) is not QMP."""
+        max_line = max_line or MAX_LINE
+        limit = self.sock.gettimeout()
+        deadline = None if limit is None else time.monotonic() + limit
+        scanned = 0
+        try:
+            while b"\n" not in self.buf[scanned:]:
+                scanned = len(self.buf)
+                if scanned > max_line:
+                    raise NotQMP(f"{self.path} sent {scanned} bytes without a line end: "
+                                 f"not a QMP monitor")
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise socket.timeout
+                    self.sock.settimeout(left)
+                try:
+                    chunk = self.sock.recv(1 << 20)
+                except socket.timeout:
+                    raise TimeoutError(f"QMP socket {self.path}: no answer in {limit} s; "
+                                       f"{self.peer_threads()}") from None
+                if not chunk:
+                    raise ConnectionError(f"QMP socket {self.path} closed")
+                self.buf += chunk
+        finally:
+            self.sock.settimeout(limit)
         line, self.buf = self.buf.split(b"\n", 1)
-        return json.loads(line)
+        try:
+            return json.loads(line)
+        except ValueError:
+            raise NotQMP(f"{self.path} is not a QMP monitor: it said {line[:80]!r}") from None
 
     def send_raw(self, text):
         self.sock.sendall(text.encode() if isinstance(text, str) else text)

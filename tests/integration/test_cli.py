@@ -269,33 +269,6 @@ def test_bash_completion():
         remove(img)
 
 
-def fake_monitor(path, names):
-    """A QMP server on `path` that calls its commands `names`: what a socket
-    in /tmp may say to whoever completes a command line against it. Serves
-    clients until the socket is closed (returned)."""
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(path)
-    srv.listen(4)
-
-    def serve():
-        while True:
-            try:
-                c, _ = srv.accept()
-            except OSError:
-                return
-            with c, c.makefile("rwb") as f:
-                f.write(b'{"QMP": {"version": {}, "capabilities": []}}\n')
-                f.flush()
-                for line in f:
-                    req = json.loads(line)
-                    ret = ([{"name": n} for n in names]
-                           if req.get("execute") == "query-commands" else {})
-                    f.write(json.dumps({"return": ret, "id": req.get("id")}).encode() + b"\n")
-                    f.flush()
-    threading.Thread(target=serve, daemon=True).start()
-    return srv
-
-
 @test
 def test_completion_never_runs_what_a_monitor_names():
     """Command names are a monitor's to choose: a name that is shell code
@@ -312,6 +285,71 @@ def test_completion_never_runs_what_a_monitor_names():
     finally:
         srv.close()
         remove(path, mark)
+
+
+def fake_socket(path, speak):
+    """A unix socket on `path` whose server runs speak(conn) for each client
+    (in a thread) until the socket is closed (returned)."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(4)
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            with c:
+                try:
+                    speak(c)
+                except OSError:
+                    pass  # the client went: what these tests want of it
+    threading.Thread(target=serve, daemon=True).start()
+    return srv
+
+
+def fake_monitor(path, names):
+    """A QMP server on `path` that calls its commands `names`: what a socket
+    in /tmp may say to whoever completes a command line against it."""
+    def speak(c):
+        with c.makefile("rwb") as f:
+            f.write(b'{"QMP": {"version": {}, "capabilities": []}}\n')
+            f.flush()
+            for line in f:
+                req = json.loads(line)
+                ret = ([{"name": n} for n in names]
+                       if req.get("execute") == "query-commands" else {})
+                f.write(json.dumps({"return": ret, "id": req.get("id")}).encode() + b"\n")
+                f.flush()
+    return fake_socket(path, speak)
+
+
+def hmp_monitor(c):
+    c.sendall(b"QEMU 10.0.2 monitor - type 'help' for more information\r\n(qemu) ")
+    c.recv(4096)
+
+
+def endless_line(c):
+    while True:
+        c.sendall(b"x" * (1 << 20))
+
+
+@test
+def test_a_socket_that_is_not_qmp_is_exit_3():
+    """QEMU's HMP monitor and a peer that streams without a line end: qmig
+    says it is not QMP and exits 3 (cannot connect), having read at most
+    16 MiB; never a traceback."""
+    for speak in (hmp_monitor, endless_line):
+        path = f"/tmp/{unique_name('notqmp')}.sock"
+        srv = fake_socket(path, speak)
+        try:
+            r = run([QMIG, path, "query-status"])
+            check(r.returncode == 3 and "not a QMP monitor" in r.stderr
+                  and "Traceback" not in r.stderr, (speak.__name__, r.returncode, r.stderr))
+        finally:
+            srv.close()
+            remove(path)
 
 
 if __name__ == "__main__":
