@@ -18,9 +18,15 @@ except ImportError:
 from qmp import QMP, QMPError
 from waiting import wait_until
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-# $QMIGD, else this checkout's build, else an installed qmigd (on the PATH).
-_built = os.path.join(ROOT, "build", "bin", "qmigd")
+_LIB = os.path.dirname(os.path.realpath(__file__))
+ROOT = os.path.abspath(os.path.join(_LIB, "..", ".."))
+# $QMIGD, else the qmigd that came with these modules: this checkout's build
+# (scripts/lib -> build/bin/qmigd) or, installed (PREFIX/lib/qmigd/lib),
+# PREFIX/bin/qmigd; else one on the PATH.
+if os.path.basename(os.path.dirname(_LIB)) == "scripts":
+    _built = os.path.join(ROOT, "build", "bin", "qmigd")
+else:
+    _built = os.path.abspath(os.path.join(_LIB, "..", "..", "..", "bin", "qmigd"))
 QMIGD = os.environ.get("QMIGD") or (_built if os.path.exists(_built)
                                     else shutil.which("qmigd") or _built)
 QEMU = shutil.which("qemu-system-x86_64") or "qemu-system-x86_64"

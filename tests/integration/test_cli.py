@@ -287,6 +287,27 @@ def test_completion_never_runs_what_a_monitor_names():
         remove(path, mark)
 
 
+@test
+def test_an_installed_qmig_runs_the_qmigd_beside_it():
+    """cmake --install into a prefix: its bin/qmig finds its bin/qmigd, not
+    one on the PATH nor none; without it, it says so and exits 2."""
+    build = os.path.dirname(os.path.dirname(QMIGD))
+    prefix = f"/tmp/{unique_name('prefix')}"
+    try:
+        r = run(["cmake", "--install", build, "--prefix", prefix])
+        check(r.returncode == 0, r.stderr)
+        env = {k: v for k, v in os.environ.items() if k != "QMIGD"}
+        env["PATH"] = "/usr/bin:/bin"
+        qmigd = os.path.join(prefix, "bin", "qmigd")
+        r = run([os.path.join(prefix, "bin", "qmig"), "--version"], env=env)
+        check(r.returncode == 0 and "qmigd version " in r.stdout and qmigd in r.stdout, r)
+        os.unlink(qmigd)
+        r = run([os.path.join(prefix, "bin", "qmig"), "--version"], env=env)
+        check(r.returncode == 2 and f"no qmigd at {qmigd}" in r.stderr, r)
+    finally:
+        shutil.rmtree(prefix, ignore_errors=True)
+
+
 def fake_socket(path, speak):
     """A unix socket on `path` whose server runs speak(conn) for each client
     (in a thread) until the socket is closed (returned)."""
