@@ -43,7 +43,7 @@ from qmp import QMP, QMPError
 from qmp_args import parse_args, parse_size, UsageError
 import runner
 from charts import require_matplotlib
-from timeline import Timeline
+from timeline import Timeline, unwritable
 from waiting import wait_until, WaitTimeout
 
 MiB = 1 << 20
@@ -239,6 +239,9 @@ def guest_pages(proc, image):
 def run(scn, out=sys.stdout):
     src = dst = guest = None
     incoming = False
+    if scn.get("plot") and unwritable(scn["plot"]):
+        print(f"qmig run: --plot {unwritable(scn['plot'])}", file=out)
+        return 2
     try:
         src = Side(scn["source"], "source")
         dst = Side(scn["destination"], "dest")
@@ -284,8 +287,7 @@ def run(scn, out=sys.stdout):
             # two samples: say so now, rather than not at all.
             postcopy.step(ask=False)
         if timeline:
-            samples = timeline.save(scn["plot"])
-            print(f"timeline: {scn['plot']} (samples: {samples})", file=out)
+            print(timeline.report(scn["plot"]), file=out)
         if info["status"] != "completed":
             print(f"source: migration {info['status']}: {info.get('error-desc', '')}", file=out)
             line, d = summary(info["status"], time.monotonic() - t0, info)
@@ -430,6 +432,7 @@ def run_main(argv):
     if a.plot:
         scn["plot"] = a.plot
         require_matplotlib()
+
     try:
         return run(scn)
     except CannotConnect as e:

@@ -288,6 +288,26 @@ def test_completion_never_runs_what_a_monitor_names():
 
 
 @test
+def test_a_plot_that_cannot_be_written_stops_before_the_migration():
+    """--plot into a missing directory or onto a directory: usage (exit 2)
+    before migrate is sent, so a completed migration is never reported as
+    a failed command."""
+    src, dst, imgs = pair(MiB)
+    try:
+        port = start_incoming(dst)
+        for png in ("/nonexistent/x.png", "/tmp"):
+            r = run([QMIG, src.qmp_path, "migrate", f"uri=tcp:127.0.0.1:{port}",
+                     "--wait", "--plot", png])
+            check(r.returncode == 2 and "--plot" in r.stderr and "Traceback" not in r.stderr,
+                  (png, r.returncode, r.stderr))
+        check("status" not in src.status(), f"a migration started: {src.status()}")
+    finally:
+        src.stop()
+        dst.stop()
+        remove(*imgs)
+
+
+@test
 def test_an_installed_qmig_runs_the_qmigd_beside_it():
     """cmake --install into a prefix: its bin/qmig finds its bin/qmigd, not
     one on the PATH nor none; without it, it says so and exits 2."""
