@@ -3,6 +3,7 @@
 at test time (never checked in). Directories are laid out as QEMU's
 tls-creds-x509 wants them."""
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -74,14 +75,26 @@ def client_dn(cn):
     return f"O=qmigd tests,CN={cn}"
 
 
+def unfit_name(name):
+    """Why `name` cannot go into a certtool template as a certificate's
+    name, or None: a template value is a quoted string with no escapes, so
+    a '"' would end it early (a name cut short) and a line end would start
+    a new field."""
+    if not name:
+        return "empty"
+    bad = [c for c in name if c in '"\\' or ord(c) < 0x20 or ord(c) == 0x7f]
+    return f"holds {bad[0]!r}, which a certtool template cannot carry" if bad else None
+
+
 def subject_dn(cert_dir, role):
     """The subject DN of ROLE-cert.pem in cert_dir as authz-list rules match
     it: gnutls_x509_crt_get_dn2()'s order, which is the reverse of the
-    RFC 4514 order certtool -i prints (values here hold no commas)."""
+    RFC 4514 order certtool -i prints, each value keeping its escapes (a
+    comma in a name is "\\,")."""
     out = subprocess.run(["certtool", "-i", "--infile", os.path.join(cert_dir, f"{role}-cert.pem")],
                          check=True, capture_output=True, text=True).stdout
     rfc4514 = next(l.split("Subject: ", 1)[1] for l in out.splitlines() if "Subject: " in l)
-    return ",".join(reversed(rfc4514.split(",")))
+    return ",".join(reversed(re.split(r"(?<!\\),", rfc4514)))
 
 
 def make_set(out_dir, dns, ips, client_cn, days):

@@ -221,21 +221,36 @@ def test_certs_in_one_command_serve_qemu():
     make_image(s_img, 16 * MiB, "mixed")
     src = dst = None
     try:
-        r = run([QMIG, "certs", d])
-        check(r.returncode == 0 and "CN=qmigd client" in r.stdout, r)
+        # A comma in the name: the DN printed is the one QEMU's authz matches.
+        r = run([QMIG, "certs", d, "--client-cn", "qmigd, client"])
+        check(r.returncode == 0 and "CN=qmigd\\, client" in r.stdout, r)
+        dn = r.stdout.rsplit("authz-list rule: ", 1)[1].strip()
         src = Peer("qmigd", "source", [("mem", s_img, 16 * MiB)], "certs-src")
         dst = Peer("qemu", "dest", [("mem", d_img, 16 * MiB)], "certs-dst")
         for p, endpoint in ((src, "client"), (dst, "server")):
             p.qmp.cmd("object-add", **{"qom-type": "tls-creds-x509", "id": "tls0", "dir": d,
                                        "endpoint": endpoint, "verify-peer": True})
+        dst.qmp.cmd("object-add", **{"qom-type": "authz-list", "id": "authz0", "policy": "deny",
+                                     "rules": [{"match": dn, "policy": "allow",
+                                                "format": "exact"}]})
+        dst.qmp.cmd("migrate-set-parameters", **{"tls-authz": "authz0"})
         si, di, _ = migrate(src, dst, multifd=True, params={"tls-creds": "tls0"})
         check(si["status"] == "completed" and di["status"] == "completed", (si, di))
         check(run([QMIG, "certs", d]).returncode == 2, "certs overwrote a directory")
+        for argv in (["--client-cn", 'a"b'], ["--client-cn", "a\\b"], ["--dns", "x\ny"],
+                     ["--ip", "not-an-address"], ["--days", "-1"], ["--days", "0"]):
+            r = run([QMIG, "certs", d + "-new", *argv])
+            check(r.returncode == 2 and "Traceback" not in r.stderr
+                  and not os.path.exists(d + "-new"), (argv, r.returncode, r.stderr))
+        with open(d + "-file", "w"):
+            pass
+        r = run([QMIG, "certs", d + "-file"])
+        check(r.returncode == 2 and "Traceback" not in r.stderr, r)
     finally:
         for p in (src, dst):
             if p:
                 p.stop()
-        remove(s_img, d_img)
+        remove(s_img, d_img, d + "-file")
         shutil.rmtree(d, ignore_errors=True)
 
 
