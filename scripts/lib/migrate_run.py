@@ -88,6 +88,11 @@ class Side:
             self.qmp.close()
 
 
+# How long a command's answer is waited for once connected (a monitor's
+# commands answer in milliseconds; QEMU's may take seconds at a switchover).
+REPLY_WAIT = float(os.environ.get("QMIG_REPLY_WAIT", "30"))
+
+
 class CannotConnect(Exception):
     """A monitor that cannot be reached; the message says what to do."""
 
@@ -108,7 +113,7 @@ def connect_monitor(path, wait=1.0):
                                 f"within {wait:g} s: the monitor is busy (QEMU serves one QMP "
                                 f"client at a time; close the other client)")
         raise CannotConnect(f"cannot connect to {path}: {e}")
-    q.sock.settimeout(30.0)
+    q.sock.settimeout(REPLY_WAIT)
     return q
 
 
@@ -313,7 +318,7 @@ def run(scn, out=sys.stdout):
         print(json.dumps(d) if scn.get("json") else line, file=out, flush=True)
         return rc
     except KeyboardInterrupt:
-        interrupted(src if not incoming else None, dst if incoming else None, out)
+        interrupted(src, dst, out)
         return 130
     except QMPError:
         if incoming:
@@ -333,16 +338,25 @@ def run(scn, out=sys.stdout):
                 side.close(scn.get("keep-images", False))
 
 
+# How long a Ctrl-C waits for each side's migrate_cancel.
+CANCEL_WAIT = 1.0
+
+
 def interrupted(src, dst, out):
-    """Ctrl-C: cancel the migration this run started (on the source, or the
-    destination's listening before it began), as virsh migrate does."""
+    """Ctrl-C: cancel the migration this run started on both sides, as virsh
+    migrate does: the source's, and the destination's, so that neither is
+    left migrating when the other's monitor does not answer (a stopped
+    source, a hung QEMU). Each side waited for 1 s at most; what could not
+    be cancelled is said."""
     for side, what in ((src, "migration"), (dst, "incoming migration")):
         qmp = getattr(side, "qmp", None)
         if not qmp:
             continue
         where = "source" if side.role == "source" else "destination"
         try:
-            qmp.cmd("migrate_cancel")
+            reply = qmp.execute_within(CANCEL_WAIT, "migrate_cancel")
+            if "error" in reply:
+                raise QMPError(reply["error"]["class"], reply["error"]["desc"])
             print(f"\ninterrupted: {what} cancelled on the {where}", file=out)
         except (OSError, QMPError) as e:
             print(f"\ninterrupted: could not cancel the {what} on the {where}: {e}", file=out)

@@ -165,6 +165,16 @@ class QMP:
             raise QMPError(reply["error"]["class"], reply["error"]["desc"])
         return reply["return"]
 
+    def execute_within(self, seconds, name, args=None):
+        """execute(), its answer waited for `seconds` at most (then a
+        TimeoutError): what a Ctrl-C sends, which must act at once."""
+        saved = self.sock.gettimeout()
+        self.sock.settimeout(seconds)
+        try:
+            return self.execute(name, args)
+        finally:
+            self.sock.settimeout(saved)
+
     def hmp(self, line):
         return self.cmd("human-monitor-command", {"command-line": line})
 

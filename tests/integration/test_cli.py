@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 
 from itest import test, main, check
 from runner import (Peer, QMIGD, make_image, migrate, remove, start_incoming, unique_name,
@@ -176,6 +177,93 @@ def test_ctrl_c_of_migrate_wait_cancels():
         check(proc.returncode == 130 and "Traceback" not in out, f"exit {proc.returncode}: {out}")
         check("interrupted: migration cancelled" in out, out)
         wait_status(src, ("cancelled",), fail_on=("failed", "completed"))
+    finally:
+        try:
+            stop_all(src, dst)
+        finally:
+            remove(*imgs)
+
+
+def interrupt_with_the_source_stopped(argv):
+    """qmig ARGV (a migration it waits for; SRC, DST and PORT in it replaced)
+    against a qmigd pair, the source stopped (SIGSTOP) once qmig polls it,
+    then Ctrl-C: qmig's exit status, output and seconds from Ctrl-C to exit."""
+    src, dst, imgs = pair(64 * MiB)
+    stopped = False
+    try:
+        src.qmp.cmd("migrate-set-parameters", {"max-bandwidth": 4 * MiB})
+        port = str(start_incoming(dst)) if any("PORT" in a for a in argv) else ""
+        argv = [a.replace("SRC", src.qmp_path).replace("DST", dst.qmp_path).replace("PORT", port)
+                for a in argv]
+        proc = subprocess.Popen([QMIG, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        out = []
+        reader = threading.Thread(target=lambda: out.extend(proc.stdout))
+        reader.start()
+        try:
+            wait_status(src, ("active",))
+            wait_until("qmig's first progress line", lambda: PROGRESS.search("".join(out)),
+                       seen=lambda: "".join(out))
+            os.kill(src.proc.pid, signal.SIGSTOP)
+            stopped = True
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
+            secs = time.monotonic() - t0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            reader.join()
+        return proc.returncode, "".join(out), secs
+    finally:
+        if stopped:
+            os.kill(src.proc.pid, signal.SIGCONT)
+        try:
+            stop_all(src, dst)
+        finally:
+            remove(*imgs)
+
+
+@test
+def test_ctrl_c_with_the_source_stopped_acts_at_once():
+    """A source whose monitor stopped answering (SIGSTOP): Ctrl-C of
+    migrate --wait says the migration could not be cancelled; of qmig run,
+    also cancels the destination, left migrating otherwise. Each waits 1 s
+    for a cancel's answer (bound: 10 s, for a busy machine)."""
+    rc, out, secs = interrupt_with_the_source_stopped(
+        ["SRC", "migrate", "uri=tcp:127.0.0.1:PORT", "--wait"])
+    print(f"  migrate --wait: exit {rc} {secs:.2f} s after Ctrl-C")
+    check(rc == 130 and "could not be cancelled" in out and "Traceback" not in out, out)
+    check(secs < 10, f"{secs:.1f} s from Ctrl-C to exit")
+    rc, out, secs = interrupt_with_the_source_stopped(
+        ["run", "--src", "SRC", "--dst", "DST", "--max-bandwidth", "4M"])
+    print(f"  run: exit {rc} {secs:.2f} s after Ctrl-C")
+    check(rc == 130 and "could not cancel the migration on the source" in out
+          and "incoming migration cancelled on the destination" in out
+          and "Traceback" not in out, out)
+    check(secs < 10, f"{secs:.1f} s from Ctrl-C to exit")
+
+
+@test
+def test_a_monitor_that_stops_answering_is_exit_4():
+    """migrate --wait, the source stopped: after QMIG_REPLY_WAIT (2 s here)
+    of silence, exit 4 (the outcome unknown), never a traceback nor 1,
+    which says the migration failed (a wrapper would resume the source)."""
+    src, dst, imgs = pair(64 * MiB)
+    try:
+        src.qmp.cmd("migrate-set-parameters", {"max-bandwidth": 4 * MiB})
+        port = start_incoming(dst)
+        proc = subprocess.Popen([QMIG, src.qmp_path, "migrate", f"uri=tcp:127.0.0.1:{port}",
+                                 "--wait"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env={**os.environ, "QMIG_REPLY_WAIT": "2"})
+        wait_status(src, ("active",))
+        os.kill(src.proc.pid, signal.SIGSTOP)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            os.kill(src.proc.pid, signal.SIGCONT)
+        check(proc.returncode == 4 and "not known" in out and "Traceback" not in out,
+              f"exit {proc.returncode}: {out}")
     finally:
         try:
             stop_all(src, dst)
