@@ -21,9 +21,16 @@ void skip_spaces(const char *&p)
 
 // The monitor's recursive-descent expression parser (monitor/hmp.c):
 // sum of products of bitwise terms of unary terms. Errors end the parse.
+// Unlike QEMU's, it bounds its recursion (QEMU's overflows its stack on a
+// long line of '~' or '(') and defines the divisions the CPU traps on.
 struct ExprParser {
+    // As deep as the QMP parser nests (json_splitter.h): a few MiB of stack
+    // at most, under ASan too.
+    static constexpr int kMaxDepth = 1 << 10;
+
     const char *p;
     std::optional<std::string> error;
+    int depth = 0;
 
     // next(): past this character and the spaces after it.
     char next()
@@ -40,6 +47,7 @@ struct ExprParser {
         return 0;
     }
     int64_t unary();
+    int64_t unary_at_depth();
     int64_t logic();
     int64_t prod();
     int64_t sum();
@@ -50,6 +58,17 @@ int64_t ExprParser::unary()
     if (error) {
         return 0;
     }
+    if (depth == kMaxDepth) {
+        return fail("expression nested too deeply");
+    }
+    depth++;
+    int64_t v = unary_at_depth();
+    depth--;
+    return v;
+}
+
+int64_t ExprParser::unary_at_depth()
+{
     switch (*p) {
     case '+':
         next();
@@ -109,6 +128,8 @@ int64_t ExprParser::prod()
             v = int64_t(uint64_t(v) * uint64_t(w));
         } else if (w == 0) {
             return fail("division by zero");
+        } else if (w == -1) { // INT64_MIN / -1 traps: the wrapped quotient, remainder 0
+            v = op == '/' ? int64_t(0 - uint64_t(v)) : 0;
         } else {
             v = op == '/' ? v / w : v % w;
         }

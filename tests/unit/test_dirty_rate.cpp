@@ -112,6 +112,29 @@ TEST_CASE("HMP: expressions as QEMU's monitor reads them", "[dirty_rate]")
     CHECK(std::string(p) == "256");
 }
 
+TEST_CASE("HMP: expressions QEMU's monitor dies of are errors or defined", "[dirty_rate]")
+{
+    auto eval = [](const std::string &text, int64_t *v) {
+        const char *p = text.c_str();
+        return hmp_parse_expr(p, v);
+    };
+    int64_t v = 0;
+    // SIGFPE in QEMU 10: the quotient wraps as the other operators do.
+    CHECK_FALSE(eval("-0x8000000000000000 / -1", &v));
+    CHECK(v == INT64_MIN);
+    CHECK_FALSE(eval("-0x8000000000000000 % -1", &v));
+    CHECK(v == 0);
+    CHECK_FALSE(eval("7 / -1", &v));
+    CHECK(v == -7);
+    // SIGSEGV in QEMU 10 (its stack): nesting is bounded.
+    CHECK(*eval(std::string(100000, '~') + "1", &v) == "expression nested too deeply");
+    CHECK(*eval(std::string(100000, '(') + "1", &v) == "expression nested too deeply");
+    CHECK_FALSE(eval(std::string(1000, '(') + "1" + std::string(1000, ')'), &v));
+    CHECK(v == 1);
+    CHECK_FALSE(eval(std::string(1001, '-') + "2", &v));
+    CHECK(v == -2);
+}
+
 TEST_CASE("HMP: info dirty_rate text", "[dirty_rate]")
 {
     json measuring = {{"status", "measuring"}, {"sample-pages", 512}, {"mode", "page-sampling"},
