@@ -22,7 +22,7 @@ from runner import sandbox_spawning, Peer, QMIGD, unique_name, wait_status, star
 import runner  # noqa: E402
 from qmp import QMP
 import loop_watch
-from waiting import wait_until, task_state
+from waiting import wait_file, wait_until, task_state
 
 SIZE = 16 * MiB
 UNITS = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "systemd")
@@ -204,16 +204,22 @@ def test_exec_commands_do_not_inherit_the_manager():
                      env=n.env(500000))
         try:
             n.wait_for("READY=1", timeout=60)
-            s.qmp.cmd("migrate", uri=f"exec:env > {out}; cat > /dev/null")
+            # The stream may fit in the pipe before the shell has run env:
+            # the file appears whole (a rename) when env is done, which the
+            # migration's end does not wait for.
+            s.qmp.cmd("migrate", uri=f"exec:env > {out}.part && mv {out}.part {out}; "
+                                     f"cat > /dev/null")
             wait_status(s, ("completed",), 60)
+            wait_file(out)
             with open(out) as f:
                 text = f.read()
             check("NOTIFY_SOCKET" not in text and "WATCHDOG_USEC" not in text, text)
         finally:
             s.stop()
             n.close()
-            if os.path.exists(out):
-                os.unlink(out)
+            for f in (out, out + ".part"):
+                if os.path.exists(f):
+                    os.unlink(f)
         bad = Peer("qmigd", "source", [("mem", imgs[0][1], SIZE)], "svc-bad",
                    env=lambda log: {"NOTIFY_SOCKET": "relative/path"})
         try:

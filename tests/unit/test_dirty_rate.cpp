@@ -127,11 +127,16 @@ TEST_CASE("HMP: expressions QEMU's monitor dies of are errors or defined", "[dir
     CHECK_FALSE(eval("7 / -1", &v));
     CHECK(v == -7);
     // SIGSEGV in QEMU 10 (its stack): nesting is bounded.
-    CHECK(*eval(std::string(100000, '~') + "1", &v) == "expression nested too deeply");
-    CHECK(*eval(std::string(100000, '(') + "1", &v) == "expression nested too deeply");
-    CHECK_FALSE(eval(std::string(1000, '(') + "1" + std::string(1000, ')'), &v));
+    auto repeated = [](char c, size_t n, const std::string &then) {
+        std::string s(n, c);
+        s.append(then);
+        return s;
+    };
+    CHECK(*eval(repeated('~', 100000, "1"), &v) == "expression nested too deeply");
+    CHECK(*eval(repeated('(', 100000, "1"), &v) == "expression nested too deeply");
+    CHECK_FALSE(eval(repeated('(', 1000, "1" + std::string(1000, ')')), &v));
     CHECK(v == 1);
-    CHECK_FALSE(eval(std::string(1001, '-') + "2", &v));
+    CHECK_FALSE(eval(repeated('-', 1001, "2"), &v));
     CHECK(v == -2);
 }
 

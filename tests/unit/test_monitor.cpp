@@ -1,9 +1,12 @@
 #include <catch2/catch.hpp>
 
+#include <fstream>
+
 #include "monitor/hmp.h"
 #include "monitor/json_splitter.h"
 #include "monitor/migration_config.h"
 #include "monitor/qapi_visit.h"
+#include "monitor/qemu_size.h"
 #include "monitor/qmp_server.h"
 
 using namespace qmigd;
@@ -336,4 +339,27 @@ TEST_CASE("exec-oob: only commands registered for it run out of band", "[monitor
     r = send(R"({"exec-oob": "plain"})");
     CHECK(r["error"]["desc"] == "The command plain does not support OOB");
     CHECK(send(R"({"execute": "fast"})")["return"] == json::array());
+}
+
+TEST_CASE("sizes: each of QEMU 10's own answers (tests/data/qemu-sizes.json)", "[monitor]")
+{
+    // The table is QEMU 10's qemu_strtosz, asked of QEMU itself
+    // (tests/integration/qemu_sizes.py; test_sizes.py keeps it true).
+    std::ifstream in(QMIGD_SOURCE_DIR "/tests/data/qemu-sizes.json");
+    REQUIRE(in);
+    json table = json::parse(in);
+    REQUIRE(table.size() > 50);
+    for (auto &[text, want] : table.items()) {
+        auto got = qemu_strtosz(text, 0);
+        INFO("size string '" << text << "'");
+        if (want.is_null()) {
+            CHECK_FALSE(got);
+        } else {
+            REQUIRE(got);
+            CHECK(*got == want.get<uint64_t>());
+        }
+    }
+    // The MiB default of HMP's max-bandwidth: a fraction needs no unit there.
+    CHECK(qemu_strtosz("1.5", 20) == uint64_t(3) << 19);
+    CHECK(qemu_strtosz("0x10", 20) == uint64_t(16) << 20);
 }
