@@ -70,6 +70,13 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     if (run_) {
         end_attempt();
     }
+    if (!params.park_dir.empty()) {
+        // A park before this one left its VM's blocks here, whole in the
+        // directory that VM was parked in: closed, never removed. This park
+        // starts with none (its stream announces its own), so neither its
+        // loader nor its cleanup takes that VM's blocks for its own.
+        blocks_.clear();
+    }
     params_ = params;
     outcome_ = Outcome{};
     run_ = std::make_shared<IncomingAttempt>(static_cast<IncomingOwner &>(*this), params_, blocks_);

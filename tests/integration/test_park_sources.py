@@ -235,6 +235,40 @@ def test_sources_with_a_return_path_park():
 
 
 @test
+def test_one_destination_parks_one_vm_after_another():
+    """A parking destination, its first VM moved out of DIR once parked,
+    parks a second one into DIR: both resume byte for byte (the second park
+    neither took the first VM's blocks for its own nor removed them)."""
+    d = new_dir("again")
+    moved = d + "-first"
+    second = os.path.join(WORK, unique_name("again-src2") + ".ram")
+    make_image(second, SIZE, "random")
+    dst = parking_dest("again-park", d)
+    try:
+        for img, tag in ((SRC_IMG, "again-src1"), (second, "again-src2")):
+            src = Peer("qmigd", "source", [("mem", img, SIZE)], tag)
+            try:
+                port = start_incoming(dst)
+                src.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+                si = wait_status(src, ("completed", "failed"), fail_on=())
+                di = wait_status(dst, ("completed", "failed"), fail_on=())
+                check(si["status"] == "completed" and di["status"] == "completed", (tag, si, di))
+            finally:
+                src.stop()
+            if img == SRC_IMG:
+                os.rename(d, moved)
+                os.mkdir(d)
+    finally:
+        dst.stop()
+    try:
+        resume_parked_to_qemu(moved, "again-resume1", SRC_IMG, WORK)
+        resume_parked_to_qemu(d, "again-resume2", second, WORK)
+    finally:
+        runner.remove(second)
+        shutil.rmtree(moved, ignore_errors=True)
+
+
+@test
 def test_hugetlbfs_directory_refused_at_start():
     try:
         with backing_dir("hugetlbfs") as hd:
