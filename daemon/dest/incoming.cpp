@@ -128,7 +128,12 @@ void IncomingMigration::cancel()
     if (!migration_is_running(status_)) {
         return;
     }
-    run_->request_cancel();
+    if (!run_->request_cancel()) {
+        // QEMU's migrate_cancel answers nothing either way.
+        spdlog::info("incoming migration: migrate_cancel came as the parked VM was being "
+                     "committed: too late, the park completes");
+        return;
+    }
     spdlog::info("incoming migration: cancelled by migrate_cancel");
     if (loading()) {
         run_->abort_with(Error("migration cancelled")); // finish() reports it

@@ -111,8 +111,10 @@ public:
     // first (the daemon quits: an exec: command is killed at once).
     void join_load();
     void quit();
-    // Loop thread: migrate_cancel came (the caller aborts the threads).
-    void request_cancel() { cancel_requested_ = true; }
+    // Loop thread: migrate_cancel came (the caller aborts the threads);
+    // false, and nothing done, once a park is committing its VM (writing
+    // its record): too late to cancel, the park completes.
+    bool request_cancel();
     bool cancel_requested() const { return cancel_requested_; }
     // Loop thread, at accept while loading with postcopy-preempt: the
     // first connection after the main channel is the preempt channel, and
@@ -227,6 +229,11 @@ private:
     bool park_ready_ GUARDED_BY(park_mu_) = false;
     bool park_abort_ GUARDED_BY(park_mu_) = false;
     bool blocks_handed_ GUARDED_BY(park_mu_) = false;
+    // A cancel (park_cancelled_) and the commit of a parked VM
+    // (park_committing_: its device state and record are being written)
+    // exclude each other: whichever comes first decides the park.
+    bool park_cancelled_ GUARDED_BY(park_mu_) = false;
+    bool park_committing_ GUARDED_BY(park_mu_) = false;
     // Written once by the load thread before park_ready_; its readers take
     // it under park_mu_ (packet_blocks() hands the receive threads a
     // pointer once park_ready_ is seen; it changes no more).

@@ -66,6 +66,17 @@ Status IncomingAttempt::hand_over_blocks(std::vector<RAMBlock> made)
     return {};
 }
 
+bool IncomingAttempt::request_cancel()
+{
+    MutexLock lk(park_mu_);
+    if (park_committing_) {
+        return false;
+    }
+    park_cancelled_ = true;
+    cancel_requested_ = true;
+    return true;
+}
+
 void IncomingAttempt::blocks_arrived()
 {
     {
@@ -105,6 +116,13 @@ Result<ParkedVm> IncomingAttempt::park_finish(LoadvmResult &result)
     // Durable before the record names them: the record is the commit.
     for (const auto &b : blocks_) {
         QMIGD_TRY(b.image->sync());
+    }
+    {
+        MutexLock lk(park_mu_);
+        if (park_cancelled_) {
+            return Error("migration cancelled");
+        }
+        park_committing_ = true;
     }
     QMIGD_TRY(parked_vm_write(vm));
     spdlog::info("incoming migration: parked VM '{}' in {}: {} RAM blocks, {} bytes of device "

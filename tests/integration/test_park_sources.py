@@ -31,7 +31,7 @@ from runner import (Peer, migrate, wait_status, start_incoming, unique_name, mak
                     files_equal, proc_status, stop_all, QMIGD)
 import runner  # noqa: E402
 from backing import backing_dir, Unavailable
-from waiting import DEADLINE
+from waiting import DEADLINE, tcp_sockets, wait_until
 
 MiB = 1 << 20
 PAGE = wire.PAGE
@@ -266,6 +266,50 @@ def test_one_destination_parks_one_vm_after_another():
     finally:
         runner.remove(second)
         shutil.rmtree(moved, ignore_errors=True)
+
+
+@test
+def test_a_cancel_at_the_end_of_a_park_leaves_all_or_nothing():
+    """migrate_cancel sent as the whole stream has arrived (the images
+    syncing, the record being written): the park ends whole (completed,
+    vm.json, SHUT(0), resumable) or not at all (cancelled, no record, no
+    image, SHUT(1)), whichever came first; never a record of a VM whose
+    images the cancel removed. On ext4 (/var/tmp), where syncs take time."""
+    seen = set()
+    for n in range(8):
+        d = tempfile.mkdtemp(prefix=f"cancel-end{n}-", dir="/var/tmp")
+        dst = parking_dest(f"cancel-end{n}", d)
+        try:
+            port = start_incoming(dst)
+            src = FakeSource(port)
+            try:
+                src.send(park_stream(rp=True, blocks=(("pc.ram", 64 * MiB),)))
+                # The destination has read all of it (its socket's receive
+                # queue is empty): the park is flushing, syncing, committing.
+                mine = src.sock.getsockname()[1]
+                wait_until("the destination to read the whole stream", lambda: any(
+                    t.lport == port and t.rport == mine and t.rx_queue == 0
+                    for t in tcp_sockets()))
+                dst.qmp.cmd("migrate_cancel")
+                value = src.shut()
+            finally:
+                src.close()
+            info = wait_status(dst, ("completed", "cancelled", "failed"), fail_on=())
+        finally:
+            dst.stop()
+        try:
+            files = sorted(os.listdir(d))
+            seen.add(info["status"])
+            if info["status"] == "completed":
+                check(value == 0 and "vm.json" in files, (info, value, files))
+                record = json.load(open(os.path.join(d, "vm.json")))
+                check([b["idstr"] for b in record["blocks"]] == ["pc.ram"], record)
+            else:
+                check(value == 1 and "vm.json" not in files
+                      and not any(f.endswith(".img") for f in files), (info, value, files))
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    print(f"  outcomes: {sorted(seen)}")
 
 
 @test
