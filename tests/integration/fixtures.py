@@ -210,8 +210,10 @@ def resume_parked_to_qemu(directory, tag, want_img, work):
     size = os.path.getsize(want_img)
     img = os.path.join(work, unique_name(tag) + ".ram")
     src = Peer("qmigd", "source", [], tag + "-src", extra=["--ram-dir", directory])
-    dst = Peer("qemu", "dest", [("mem", img, size)], tag + "-dst")
+    dst = None
     try:
+        # Inside: a destination that fails to start leaves no source running.
+        dst = Peer("qemu", "dest", [("mem", img, size)], tag + "-dst")
         si, di, _ = migrate(src, dst, False, 1, "legacy")
         check(si["status"] == "completed" and di["status"] == "completed", (si, di))
         check(files_equal(want_img, img), "the resumed RAM differs")
