@@ -20,7 +20,7 @@ for p in build-essential cmake pkg-config libuv1-dev nlohmann-json3-dev \
          libcli11-dev libspdlog-dev catch2 python3 zlib1g-dev libzstd-dev \
          libgnutls28-dev gnutls-bin linux-image-amd64 busybox-static cpio file \
          libmicrohttpd-dev prometheus libseccomp-dev python3-matplotlib help2man man-db \
-         debootstrap systemd-container clang libclang-rt-14-dev; do
+         debootstrap systemd-container clang libclang-rt-14-dev gdb; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
         || need_pkgs+=("$p")
 done

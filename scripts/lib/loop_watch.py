@@ -8,7 +8,11 @@ come; each is stamped by the kernel when it arrives (SO_TIMESTAMPNS), so a
 busy test process reading late does not make a gap of its own. When the
 test stops the daemon, a loop that was silent for more than STALL_LIMIT
 seconds while it lived fails the test, with the gap, when it was, and the
-daemon's log lines around it.
+daemon's log lines around it. The count ends at the daemon's STOPPING=1
+(quit or a signal reached its loop), also kernel-stamped: what the
+process does after that (threads joined, images unmapped) is not the
+loop's silence, and the time a busy test takes to see the exit is not the
+daemon's at all.
 
 On when QMIGD_STALL_GUARD=on (the release build's ctest sets it), and only
 for daemons whose test does not speak the notify protocol itself.
@@ -31,7 +35,8 @@ SCM_TIMESTAMPNS = SO_TIMESTAMPNS
 class LoopWatch:
     """One daemon's watchdog pings. `pings`: kernel arrival times
     (CLOCK_REALTIME seconds, as the daemon's log lines), appended by the
-    reader thread only; read after close()."""
+    reader thread only; `stopping`: the arrival of its STOPPING=1, or None;
+    both read after close()."""
 
     def __init__(self, name):
         self.path = os.path.join("/tmp", name + ".notify")
@@ -43,6 +48,7 @@ class LoopWatch:
         self.sock.bind(self.path)
         os.chmod(self.path, 0o666)  # a daemon that drops to --runas USER sends too
         self.pings = []
+        self.stopping = None
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._read, name="loop-watch", daemon=True)
         self._thread.start()
@@ -53,34 +59,34 @@ class LoopWatch:
         return {"NOTIFY_SOCKET": self.path, "WATCHDOG_USEC": str(WATCHDOG_USEC)}
 
     def _receive(self):
-        """One datagram's arrival time, None for one that is not a ping;
-        raises BlockingIOError / socket.timeout when there is none."""
+        """Takes one datagram: a ping's or STOPPING=1's arrival time is
+        kept, anything else ignored; raises BlockingIOError /
+        socket.timeout when there is none."""
         data, anc, _, _ = self.sock.recvmsg(256, socket.CMSG_SPACE(16))
-        if b"WATCHDOG=1" not in data:
-            return None
+        t = time.time()
         for level, kind, raw in anc:
             if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS and len(raw) >= 16:
                 sec, nsec = struct.unpack("qq", raw[:16])
-                return sec + nsec / 1e9
-        return time.time()
+                t = sec + nsec / 1e9
+        fields = data.split(b"\n")
+        if b"WATCHDOG=1" in fields:
+            self.pings.append(t)
+        if b"STOPPING=1" in fields and self.stopping is None:
+            self.stopping = t
 
     def _read(self):
         self.sock.settimeout(0.05)
         while not self._closing.is_set():
             try:
-                t = self._receive()
+                self._receive()
             except socket.timeout:
                 continue
-            if t is not None:
-                self.pings.append(t)
         self.sock.setblocking(False)
         while True:  # what came before close(): nothing is lost
             try:
-                t = self._receive()
+                self._receive()
             except (BlockingIOError, InterruptedError):
                 break
-            if t is not None:
-                self.pings.append(t)
 
     def close(self):
         self._closing.set()
@@ -93,15 +99,21 @@ class LoopWatch:
 
     def worst_gap(self, until=None):
         """(seconds, start, end) of the longest silence between the first
-        ping and `until` (the last ping if None); None with no ping."""
-        times = sorted(self.pings) + ([until] if until and self.pings else [])
+        ping and STOPPING=1, or `until` (the daemon's end) without one, or
+        the last ping if that is None too; None with no ping."""
+        until = self.stopping or until
+        times = sorted(t for t in self.pings if t <= until) if until else sorted(self.pings)
+        times += [until] if until and times else []
         gaps = [(b - a, a, b) for a, b in zip(times, times[1:])]
         return max(gaps) if gaps else None
 
 
-def _ending(gap, until):
-    """How the message names a gap's end: the daemon's exit ends the last."""
-    return " (when it ended: quit or a signal took that long)" if gap[2] == until else ""
+def _ending(gap, watch, until):
+    """How the message names a gap's end: STOPPING=1 or the daemon's exit
+    ends the last."""
+    if watch.stopping and gap[2] == watch.stopping:
+        return " (when it said STOPPING=1: quit or a signal reached its loop that late)"
+    return " (when it ended: it never said STOPPING=1)" if gap[2] == until else ""
 
 
 def _stamp(t):
@@ -136,11 +148,11 @@ def log_window(text, start, end, limit=40):
     return "\n".join("    " + l for l in window) or "    (no log lines then)"
 
 
-def stall_message(who, gap, until, log_path, log_text):
+def stall_message(who, gap, watch, until, log_path, log_text):
     secs, start, end = gap
     return (f"{who}: its loop thread was silent for {secs:.2f} s (no WATCHDOG=1, one due "
             f"every {WATCHDOG_USEC / 2e6:.2f} s), from {_stamp(start)} to {_stamp(end)}"
-            f"{_ending(gap, until)}; its log {log_path} then:\n"
+            f"{_ending(gap, watch, until)}; its log {log_path} then:\n"
             f"{log_window(log_text, start, end)}")
 
 

@@ -5,7 +5,9 @@ execute with id, events kept in a queue.
 """
 import json
 import os
+import shutil
 import socket
+import subprocess
 import struct
 import time
 
@@ -88,9 +90,20 @@ class QMP:
                 state = stat.rsplit(")", 1)[1].split()[0] if ")" in stat else "?"
                 out.append(f"{tid} {part('comm')} {state} wchan={part('wchan')} "
                            f"syscall={part('syscall').split(' ')[0]}")
-            return f"pid {pid}: " + "; ".join(out)
+            return f"pid {pid}: " + "; ".join(out) + self._queues(pid) + _backtraces(pid)
         except OSError as e:
             return f"peer unknown ({e})"
+
+    def _queues(self, pid):
+        """The bytes waiting in each of the peer's unix sockets (ss -x): a
+        request still in its receive queue was never read."""
+        try:
+            out = subprocess.run(["ss", "-xnp"], capture_output=True, text=True,
+                                 timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        mine = [" ".join(l.split()[:7]) for l in out.splitlines() if f"pid={pid}," in l]
+        return "; its unix sockets (state recv-q send-q local peer): " + " | ".join(mine)
 
     def _read(self, max_line=None):
         """The next message. The socket's timeout bounds the whole message,
@@ -201,3 +214,16 @@ class QMP:
             self.sock.close()
         except OSError:
             pass
+
+
+def _backtraces(pid):
+    """Every thread's stack of a silent peer, where gdb is installed."""
+    if not shutil.which("gdb"):
+        return ""
+    try:
+        r = subprocess.run(["gdb", "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt"],
+                           capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    frames = [l for l in r.stdout.splitlines() if l.startswith(("#", "Thread "))]
+    return "\nits threads' stacks (gdb):\n" + "\n".join(frames[:200])

@@ -160,8 +160,8 @@ class Peer:
         self.qmp = QMP(self.qmp_path)
 
     def stop(self):
-        # The loop's silence counts until the daemon ends if it still lives
-        # now (quit must end it promptly: the watchdog stops at quit); a
+        # The loop's silence counts until its STOPPING=1 (the loop took the
+        # quit), or else until the daemon ends if it still lives now; a
         # test that killed it ends the count at its last ping.
         alive = self.proc.poll() is None
         if self.qmp:
@@ -201,7 +201,7 @@ class Peer:
         loop_watch.record(LOG_DIR, f"qmigd {self.role} {os.path.basename(self.log_path)}", gap,
                           len(watch.pings))
         if gap and gap[0] > loop_watch.STALL_LIMIT:
-            return loop_watch.stall_message(f"qmigd {self.role}", gap, until, self.log_path,
+            return loop_watch.stall_message(f"qmigd {self.role}", gap, watch, until, self.log_path,
                                             self.log_text())
         return None
 
