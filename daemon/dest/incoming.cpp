@@ -110,7 +110,7 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
         return {};
     }
     listener_ = std::make_unique<SocketListener>(
-        loop_, 4, [this](PendingConnection *c, const Error *e) { on_prefix(c, e); },
+        loop_, 4, [this](PendingConnection *c) { on_prefix(c); },
         stranger_limits());
     listener_->set_on_accept([this](PendingConnection *c) { return take_preempt(c); });
     QMIGD_TRY(listener_->listen(addr.socket, [this](const Status &st) { listening(st); }));
@@ -180,6 +180,9 @@ void IncomingMigration::finish(std::optional<Error> err, std::string runstate)
         return;
     }
     if (err) {
+        if (!outcome_.extra_channel.empty()) {
+            err = Error(err->message() + " (while loading, " + outcome_.extra_channel + ")");
+        }
         spdlog::error("incoming migration failed: {}", err->message());
         outcome_.error_desc = err->message();
         set_status(MigrationStatus::Failed);

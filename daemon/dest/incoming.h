@@ -84,7 +84,7 @@ private:
         return status_ == MigrationStatus::Active || migration_in_postcopy(status_);
     }
 
-    void on_prefix(PendingConnection *c, const Error *err);
+    void on_prefix(PendingConnection *c);
     // Takes a classified connection: the main channel or a multifd one
     // (its init message in `prefix`). Drops (closes) it on failure.
     void adopt(std::vector<uint8_t> prefix, std::unique_ptr<Channel> ch);
@@ -105,9 +105,11 @@ private:
     // carries its TLS session when the handshake went through.
     void tls_ready(uint64_t generation, std::unique_ptr<Channel> ch,
                    Result<std::vector<uint8_t>> prefix, bool ended);
-    // Active: a connection that identified itself as one more migration
-    // channel ends the migration; anything else is a stranger's. The
-    // caller drops (closes) the connection.
+    // Active, the channels all there: as QEMU 10, any further connection
+    // is ignored (the caller closes it), whatever it says, so a stranger
+    // cannot end the migration. One that looks like a channel of this
+    // source is remembered (Outcome::extra_channel): should the migration
+    // then fail, its error says so.
     void extra_connection(const std::vector<uint8_t> &prefix);
     Status open_mapped_ram(const MigrationAddress &addr, int fd);
     // The listener's end of setting up (SocketListener::OnListening).
@@ -178,8 +180,8 @@ private:
     // TLS handshakes in progress.
     static constexpr size_t kMaxTlsHandshakes = 32;
     std::unique_ptr<TlsHandshakes> handshakes_;
-    uint64_t tls_failed_logged_ms_ = 0; // uv_now() of the last failed-handshake line
-    uint64_t tls_failed_quiet_ = 0;     // failures not logged since
+    RateLimitedLog tls_failed_log_; // failed handshakes
+    RateLimitedLog extra_log_;      // connections past the channels
     uint64_t generation_ = 0; // a new migrate-incoming or cleanup: late results are dropped
     // Loop thread only: written at start() (the attempt keeps a copy, and
     // each handshake thread a copy of what it needs).
@@ -196,6 +198,9 @@ private:
     struct Outcome {
         std::string runstate = "inmigrate"; // the source's globalstate, once complete
         std::string error_desc;
+        // What the first connection past the channels that looked like a
+        // channel of this source was (extra_connection()); empty if none.
+        std::string extra_channel;
         // The parked VM once complete: the load thread hands it over with
         // post_end().
         std::optional<ParkedVm> parked;

@@ -104,6 +104,11 @@ void IncomingAttempt::load_thread_main()
     watch_postcopy(handler);
     LoadvmSession session(load_cfg_, handler);
     auto result = load_postcopy(session, handler, session.load(f));
+    if (result) {
+        if (Status st = check_packets(); !st) {
+            result = st.error();
+        }
+    }
     std::optional<ParkedVm> parked = end_stream(result, handler);
     bytes_.fetch_add(f.pos(), std::memory_order_relaxed);
     end_channels(result, handler);

@@ -266,6 +266,16 @@ private:
     // preempt threads: what a recovery tells the source we have.
     std::vector<std::unique_ptr<ReceivedBitmap>> received_;
 
+    // Receive threads: how many multifd packets came, and the highest
+    // packet_num. A source numbers every packet of all its channels in one
+    // sequence (QEMU's multifd_send_fill_packet()), so once the last flush
+    // has passed, packets_ == top_packet_ + 1 unless some went on a channel
+    // this destination closed (check_packets(), load thread).
+    std::atomic<uint64_t> packets_{0};
+    std::atomic<uint64_t> top_packet_{0};
+    void count_packet(uint64_t packet_num);
+    Status check_packets() const;
+
     // Added to by the load, receive and preempt threads; counts() reads
     // them from any thread.
     std::atomic<uint64_t> normal_pages_{0};

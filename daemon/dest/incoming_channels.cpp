@@ -52,20 +52,11 @@ ListenerLimits IncomingMigration::stranger_limits() const
     return l;
 }
 
-void IncomingMigration::on_prefix(PendingConnection *c, const Error *err)
+void IncomingMigration::on_prefix(PendingConnection *c)
 {
     bool active = loading();
     if (!active && status_ != MigrationStatus::Setup) {
-        if (c) {
-            c->close();
-        }
-        return;
-    }
-    if (err) {
-        // Active: a stranger that went away (the channels are the threads').
-        if (!active) {
-            fail_setup(*err);
-        }
+        c->close();
         return;
     }
     if (params_.tls.enabled()) {
@@ -104,25 +95,26 @@ void IncomingMigration::on_prefix(PendingConnection *c, const Error *err)
 
 void IncomingMigration::extra_connection(const std::vector<uint8_t> &prefix)
 {
+    // A multifd channel of this source would carry our UUID (any channel
+    // id: a source with more channels than we expect); so does a
+    // stranger's copy when we have none of our own (all zeros).
+    std::string looks;
     if (!params_.multifd && is_multifd_init(prefix)) {
-        spdlog::error("incoming migration: {}", multifd_off_here().message());
-        run_->abort_with(multifd_off_here());
-        return;
+        looks = multifd_off_here().message();
+    } else if (params_.multifd && prefix.size() >= MULTIFD_INIT_SIZE &&
+               multifd_init_decode(prefix.data(), params_.uuid, 256).ok()) {
+        looks = fmt::format("a multifd channel came past the {} configured here: does the "
+                            "source have more multifd channels?",
+                            params_.channels);
+    } else if (is_main_channel(prefix)) {
+        looks = "a second main channel came: is another source migrating to this port?";
     }
-    // A multifd channel of this source: its init message is whole and
-    // carries our UUID (any channel id: a source with more channels than
-    // we expect is what this reports).
-    bool multifd_init = params_.multifd && prefix.size() >= MULTIFD_INIT_SIZE &&
-                        multifd_init_decode(prefix.data(), params_.uuid, 256).ok();
-    if (!is_main_channel(prefix) && !multifd_init) {
-        spdlog::info("incoming migration: closed a connection that is no migration channel");
-        return;
+    if (outcome_.extra_channel.empty()) {
+        outcome_.extra_channel = looks;
     }
-    // Threads own the channels now: this is a source opening more
-    // channels than we were configured for.
-    run_->abort_with(Error(fmt::format("Extra incoming migration connection: the source opened "
-                                 "more channels than configured (multifd {}, {} channels)",
-                                 params_.multifd ? "on" : "off", params_.channels)));
+    extra_log_.warn(uv_now(loop_), fmt::format("incoming migration: Extra incoming migration "
+                                               "connection; ignoring{}",
+                                               looks.empty() ? "" : " (" + looks + ")"));
 }
 
 void IncomingMigration::adopt(std::vector<uint8_t> prefix, std::unique_ptr<Channel> ch)
@@ -140,11 +132,7 @@ void IncomingMigration::adopt(std::vector<uint8_t> prefix, std::unique_ptr<Chann
     if (!params_.multifd || is_main_channel(prefix)) {
         if (run_->has_main()) {
             ch.reset();
-            fail_setup(Error(params_.multifd ? "Extra incoming migration connection: a second "
-                                               "main channel"
-                                             : "Extra incoming migration connection: multifd is "
-                                               "off here, but the source opened more than one "
-                                               "channel"));
+            extra_connection(prefix); // a stranger's header, or a second source
             return;
         }
         run_->set_main({std::move(ch), std::move(prefix)});
@@ -354,18 +342,8 @@ void IncomingMigration::tls_ready(uint64_t gen, std::unique_ptr<Channel> ch,
     // listener goes on, so that whoever reaches the port without the
     // credentials cannot end the incoming migration. Said at most once a
     // second, with how many more there were.
-    uint64_t now = uv_now(loop_);
-    if (now - tls_failed_logged_ms_ >= 1000 || !tls_failed_logged_ms_) {
-        spdlog::warn("incoming migration: connection closed, still listening: {}{}",
-                     prefix.error().message(),
-                     tls_failed_quiet_ ? fmt::format(" ({} more since the last such line)",
-                                                     tls_failed_quiet_)
-                                       : std::string());
-        tls_failed_logged_ms_ = now;
-        tls_failed_quiet_ = 0;
-    } else {
-        tls_failed_quiet_++;
-    }
+    tls_failed_log_.warn(uv_now(loop_), "incoming migration: connection closed, still "
+                                        "listening: " + prefix.error().message());
 }
 
 // The listener is up, or its name did not resolve or bind (`failed`,

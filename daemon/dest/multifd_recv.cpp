@@ -148,6 +148,7 @@ void IncomingAttempt::recv_thread_main(size_t id)
         if (!st) {
             break;
         }
+        count_packet(p->packet_num);
         normal_pages_.fetch_add(p->normal_pages, std::memory_order_relaxed);
         zero_pages_.fetch_add(p->zero_pages, std::memory_order_relaxed);
         bytes_.fetch_add(sizeof(header) + p->data_bytes(), std::memory_order_relaxed);
@@ -159,6 +160,29 @@ void IncomingAttempt::recv_thread_main(size_t id)
         abort_with(Error(st.error()).prepend(fmt::format("multifd channel {}: ", id)));
     }
     sync_->channel_closed(id);
+}
+
+void IncomingAttempt::count_packet(uint64_t packet_num)
+{
+    packets_.fetch_add(1, std::memory_order_relaxed);
+    uint64_t top = top_packet_.load(std::memory_order_relaxed);
+    while (packet_num > top &&
+           !top_packet_.compare_exchange_weak(top, packet_num, std::memory_order_relaxed)) {
+    }
+}
+
+// After the stream's end (its last MULTIFD_FLUSH passed every channel's
+// last SYNC, so no count moves): a packet number that never came went on a
+// connection this destination did not take as a channel, its pages lost.
+Status IncomingAttempt::check_packets() const
+{
+    uint64_t got = packets_.load(), top = top_packet_.load();
+    if (got == 0 || got == top + 1) {
+        return {};
+    }
+    return Error(fmt::format("multifd: {} packets arrived, numbered up to {}: the rest went on "
+                             "channels this destination does not have, their pages lost",
+                             got, top));
 }
 
 } // namespace qmigd

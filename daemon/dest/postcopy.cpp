@@ -41,7 +41,7 @@ Status IncomingMigration::recover(const MigrationAddress &addr)
         listener_.reset();
     }
     listener_ = std::make_unique<SocketListener>(
-        loop_, 4, [this](PendingConnection *c, const Error *e) { on_prefix(c, e); },
+        loop_, 4, [this](PendingConnection *c) { on_prefix(c); },
         stranger_limits());
     listener_->set_on_accept(
         [this](PendingConnection *c) { return take_recovered(c) || take_preempt(c); });

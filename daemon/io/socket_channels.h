@@ -79,8 +79,24 @@ struct ListenerLimits {
 // per connection of a flood. Loop thread.
 struct DroppedStrangers {
     uint64_t evicted = 0, expired = 0;
+    // Connections that closed or reset before they identified themselves
+    // (a port scan, a probe): they cost the migration nothing.
+    uint64_t gone = 0;
     // `what`: "connections", "TLS connections"; `rule`: who goes first.
     void log(const char *what, const char *rule, const ListenerLimits &limits);
+};
+
+// A warning said at most once a second, with how many more there were in
+// between: strangers cause these, and a flood of them must not flood the
+// log. Loop thread.
+class RateLimitedLog {
+public:
+    void warn(uint64_t now_ms, const std::string &line);
+
+private:
+    bool said_ = false;
+    uint64_t said_ms_ = 0; // uv_now() of the last line
+    uint64_t quiet_ = 0;   // not said since
 };
 
 // A repeating timer that checks strangers' deadlines: every quarter of
@@ -93,8 +109,10 @@ void sweeper_close(uv_timer_t **t);
 class SocketListener {
 public:
     // Called when a connection has `want` bytes (set want() for more, or
-    // take_socket()/close()), or with nullptr data and an error when it failed.
-    using OnPrefix = std::function<void(PendingConnection *, const Error *)>;
+    // take_socket()/close()). One that ends before is a stranger's, closed
+    // and counted here: whoever reaches the port cannot end a migration by
+    // connecting and going away.
+    using OnPrefix = std::function<void(PendingConnection *)>;
 
     SocketListener(uv_loop_t *loop, size_t first_want, OnPrefix on_prefix,
                    ListenerLimits limits = ListenerLimits())

@@ -4,7 +4,10 @@ import contextlib
 import os
 import shutil
 import socket
+import struct
 import time
+
+import wire
 
 from runner import Peer, make_image, migrate, files_equal, remove, unique_name, PAGE
 from runner import start_incoming, wait_status, stop_all
@@ -222,3 +225,56 @@ def resume_parked_to_qemu(directory, tag, want_img, work):
             stop_all(src, dst)
         finally:
             remove(img)
+
+
+def stranger(port, data=b"", reset=False):
+    """A connection to a migration port that sends `data` and goes: closed,
+    or reset (SO_LINGER 0: a scanner's RST) when `reset`."""
+    s = socket.create_connection(("127.0.0.1", port))
+    try:
+        if data:
+            s.sendall(data)
+        if reset:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    finally:
+        s.close()
+
+
+# Before the source: a probe, a reset, a byte, part of a header or of a TLS
+# record, part of a multifd init.
+SETUP_STRANGERS = [(b"", False), (b"", True), (b"Q", False), (b"QE", True),
+                   (b"\x16\x03", False), (b"\x11\x22\x33\x44", False), (b"\0" * 40, True)]
+# While the source's channels load: a main channel's header, multifd inits
+# with the destination's UUID (all zeros: it has none of its own), a reset.
+ACTIVE_STRANGERS = [(wire.header(), False), (wire.multifd_init(0), False),
+                    (wire.multifd_init(1), True), (b"", True), (b"QEVM", False)]
+
+
+def strangers_cannot_end_it(s, d, imgs, multifd, params=None,
+                            ignored="Extra incoming migration connection; ignoring"):
+    """Strangers on d's migration port, before the source comes and while
+    it loads (the source held at 2 MiB/s meanwhile), end nothing: the
+    migration completes byte-identical. `ignored`: what d's log says of
+    the strangers that came while it loaded."""
+    s.set_migration(multifd, 2, "multifd", max_bandwidth=2 * MiB, extra_params=params)
+    d.set_migration(multifd, 2, extra_params=params)
+    port = start_incoming(d)
+    # Without multifd (or TLS) the first connection to send 4 bytes is the
+    # main channel, as in QEMU: only what sends less is a stranger there.
+    for data, reset in SETUP_STRANGERS:
+        if multifd or params or len(data) < 4:
+            stranger(port, data, reset)
+    wait_until("the strangers to be dropped",
+               lambda: "ended before they identified themselves" in d.log_text())
+    check(d.status()["status"] == "setup", f"strangers ended the setup: {d.status()}")
+    s.qmp.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+    wait_status(d, ("active",), timeout=60)
+    for data, reset in ACTIVE_STRANGERS:
+        stranger(port, data, reset)
+    wait_until("the strangers to be ignored", lambda: ignored in d.log_text())
+    check(d.status()["status"] == "active", f"strangers ended the load: {d.status()}")
+    s.qmp.cmd("migrate-set-parameters", **{"max-bandwidth": 0})
+    wait_status(s, ("completed",), timeout=120)
+    wait_status(d, ("completed",), timeout=120)
+    _, sp, dp, _ = imgs[0]
+    check(files_equal(sp, dp), "the RAM differs after strangers came")

@@ -10,6 +10,7 @@ import wire
 from itest import test, main, check, cleanup
 from fixtures import HeldPeers, MiB
 from runner import Peer, start_incoming, wait_status, files_equal, migrate
+from waiting import wait_until
 
 SIZE = 16 * MiB
 
@@ -108,11 +109,27 @@ case("disconnect_midway", False, 1, lambda p: connect(p, good_start),
      "unexpected end of migration stream")
 case("random_bytes_main", False, 1, lambda p: connect(p, random.Random(1).randbytes(8192)),
      "Not a migration stream")
+
+
+def ignored_then_main_ends(p, main, extra, channels=0):
+    """The main channel `main` and `channels` multifd channels, the status
+    active, then `extra(port)` (connections past the channels): ignored,
+    as QEMU 10 ignores them. When the main channel then ends, the error
+    says what came."""
+    m = connect(p, main, close=False)
+    held = [connect(p, wire.multifd_init(i), close=False) for i in range(channels)]
+    wait_status(H.dst, ("active",), timeout=60)
+    extra(p)
+    wait_until("the extra connection to be ignored",
+               lambda: "Extra incoming migration connection; ignoring" in H.dst.log_text())
+    check(H.dst.status()["status"] == "active", "an extra connection ended the migration")
+    m.close()
+    return held
+
+
 case("extra_channel_without_multifd", False, 1,
-     lambda p: (connect(p, wire.header(), close=False), connect(p, wire.header())),
-     "Extra incoming migration connection")
-case("closed_before_identifying", True, 2, lambda p: connect(p, b"QE"),
-     "closed before it identified itself")
+     lambda p: ignored_then_main_ends(p, wire.header(), lambda p: connect(p, wire.header())),
+     "unexpected end of migration stream (while loading, a second main channel came")
 
 
 def multifd_then(p, channels, packets, main_extra=b"", close_channels=False):
@@ -158,8 +175,31 @@ case("multifd_random_bytes", True, 2,
      lambda p: multifd_then(p, 2, random.Random(2).randbytes(4000)),
      "multifd: received packet magic")
 case("more_channels_than_configured", True, 2,
-     lambda p: (multifd_then(p, 3, b"")),
-     "more channels than configured")
+     lambda p: ignored_then_main_ends(p, good_start, lambda p: connect(p, wire.multifd_init(2)),
+                                      channels=2),
+     "(while loading, a multifd channel came past the 2 configured here")
+
+
+def packets_lost_on_an_ignored_channel(p):
+    """A stream that completes but for packet 1, sent on a third channel the
+    destination (2 channels) ignored: the numbers tell."""
+    m = connect(p, good_start, close=False)
+    chans = [connect(p, wire.multifd_init(i), close=False) for i in range(2)]
+    wait_status(H.dst, ("active",), timeout=60)
+    lost = connect(p, wire.multifd_init(2) + wire.multifd_packet([4096], 1, num=1) + b"\2" * 4096)
+    wait_until("the third channel to be ignored",
+               lambda: "Extra incoming migration connection; ignoring" in H.dst.log_text())
+    chans[0].sendall(wire.multifd_packet([0], 1, num=0) + b"\1" * 4096 +
+                     wire.multifd_packet([], 0, flags=wire.MULTIFD_SYNC, num=2))
+    chans[1].sendall(wire.multifd_packet([], 0, flags=wire.MULTIFD_SYNC, num=3))
+    m.sendall(wire.part() + wire.flag(wire.FLUSH) + wire.flag(wire.EOS) + wire.footer() +
+              wire.end() + wire.flag(wire.EOS) + wire.footer() + b"\x00")
+    m.close()  # as a source does once it is done
+    return chans + [lost]
+
+
+case("packets_lost_on_an_ignored_channel", True, 2, packets_lost_on_an_ignored_channel,
+     "multifd: 3 packets arrived, numbered up to 3")
 case("flush_waits_for_a_closed_channel", True, 2,
      lambda p: multifd_then(p, 2, b"", wire.part() + wire.flag(wire.FLUSH), close_channels=True),
      "closed before sync point")

@@ -13,7 +13,7 @@ import termios
 import time
 
 from itest import test, main, check
-from fixtures import images, peers, MiB
+from fixtures import images, peers, MiB, strangers_cannot_end_it
 from runner import Peer, QMP, QMIGD, unique_name, remove, wait_status, start_incoming, proc_status
 from waiting import wait_until, tcp_sockets, accept_queue
 
@@ -237,6 +237,16 @@ def migrate_to_silent_host(stop):
             srv.close()
             for c in fillers:
                 c.close()
+
+
+@test
+def test_strangers_cannot_end_an_incoming_migration():
+    """A port scan, resets and half headers before the source, a main
+    header and multifd inits with our (all-zero) UUID during the load: as
+    QEMU 10, the destination ignores them and completes."""
+    for multifd in (True, False):
+        with images(SIZE, "random") as imgs, peers("qmigd", "qmigd", imgs) as (s, d):
+            strangers_cannot_end_it(s, d, imgs, multifd)
 
 
 @test

@@ -24,7 +24,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "lib"))
 import tls_certs  # noqa: E402
 from itest import test, main, check, cleanup  # noqa: E402
-from fixtures import images, peers, hand_over_socketpair, MiB  # noqa: E402
+from fixtures import images, peers, hand_over_socketpair, MiB, strangers_cannot_end_it  # noqa: E402,E501
 from runner import (start_incoming, wait_status, files_equal, migrate, sandbox_spawning,  # noqa: E402
                     proc_status)
 from qmp import QMPError  # noqa: E402
@@ -144,6 +144,17 @@ def refused_then_served(s, d, port, expect):
     if s.kind == "qmigd":
         s.qmp.cmd("cont")
     migrate_to_listener(s, d, port)
+
+
+@test
+def test_strangers_cannot_end_a_tls_incoming_migration():
+    """Without a handshake, nothing a stranger does ends it: resets and
+    half records before the source, plain headers while it loads."""
+    with images(SIZE, "random") as imgs, peers("qmigd", "qmigd", imgs) as (s, d):
+        creds(s)
+        creds(d)
+        strangers_cannot_end_it(s, d, imgs, True, {"tls-creds": "tls0"},
+                                ignored="connection closed, still listening")
 
 
 def migrate_to_listener(s, d, port):

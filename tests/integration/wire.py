@@ -6,6 +6,7 @@ import struct
 
 PAGE = 4096
 ZERO, MEM_SIZE, PAGE_F, EOS, CONTINUE, FLUSH = 0x2, 0x4, 0x8, 0x10, 0x20, 0x200
+MULTIFD_SYNC = 0x1  # a multifd packet's flag
 
 
 def be32(v):
