@@ -79,6 +79,9 @@ Status IncomingMigration::start(const MigrationAddress &addr, const IncomingPara
     }
     params_ = params;
     outcome_ = Outcome{};
+    // Each attempt's first such line is said (the tests wait for it).
+    tls_failed_log_ = RateLimitedLog();
+    ignored_log_ = RateLimitedLog();
     run_ = std::make_shared<IncomingAttempt>(static_cast<IncomingOwner &>(*this), params_, blocks_);
     run_->claim_park_dir(std::move(park_lock));
     // A mapped-ram file has no channels to accept: its readers are threads.
@@ -143,8 +146,9 @@ void IncomingMigration::cancel()
     set_status(MigrationStatus::Cancelled);
 }
 
-void IncomingMigration::fail_setup(const Error &err)
+void IncomingMigration::fail_setup(const Error &why)
 {
+    Error err = with_ignored(why);
     spdlog::error("incoming migration failed: {}", err.message());
     outcome_.error_desc = err.message();
     end_attempt();
@@ -180,9 +184,7 @@ void IncomingMigration::finish(std::optional<Error> err, std::string runstate)
         return;
     }
     if (err) {
-        if (!outcome_.extra_channel.empty()) {
-            err = Error(err->message() + " (while loading, " + outcome_.extra_channel + ")");
-        }
+        err = with_ignored(*err);
         spdlog::error("incoming migration failed: {}", err->message());
         outcome_.error_desc = err->message();
         set_status(MigrationStatus::Failed);

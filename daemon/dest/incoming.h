@@ -108,9 +108,15 @@ private:
     // Active, the channels all there: as QEMU 10, any further connection
     // is ignored (the caller closes it), whatever it says, so a stranger
     // cannot end the migration. One that looks like a channel of this
-    // source is remembered (Outcome::extra_channel): should the migration
+    // source is remembered (Outcome::ignored): should the migration
     // then fail, its error says so.
     void extra_connection(const std::vector<uint8_t> &prefix);
+    // Setup: a multifd init that is not one of ours (wrong UUID, channel
+    // id out of range or taken) is closed and remembered, not fatal: a
+    // misconfigured source then fails the wait for its channels, saying it.
+    void ignore_connection(const Error &why);
+    // `err` with what was ignored (Outcome::ignored), if anything was.
+    Error with_ignored(const Error &err) const;
     Status open_mapped_ram(const MigrationAddress &addr, int fd);
     // The listener's end of setting up (SocketListener::OnListening).
     void listening(const Status &st);
@@ -181,7 +187,7 @@ private:
     static constexpr size_t kMaxTlsHandshakes = 32;
     std::unique_ptr<TlsHandshakes> handshakes_;
     RateLimitedLog tls_failed_log_; // failed handshakes
-    RateLimitedLog extra_log_;      // connections past the channels
+    RateLimitedLog ignored_log_;    // connections ignored once identified
     uint64_t generation_ = 0; // a new migrate-incoming or cleanup: late results are dropped
     // Loop thread only: written at start() (the attempt keeps a copy, and
     // each handshake thread a copy of what it needs).
@@ -198,9 +204,9 @@ private:
     struct Outcome {
         std::string runstate = "inmigrate"; // the source's globalstate, once complete
         std::string error_desc;
-        // What the first connection past the channels that looked like a
-        // channel of this source was (extra_connection()); empty if none.
-        std::string extra_channel;
+        // Why the first connection ignored once it had identified itself
+        // was (ignore_connection(), extra_connection()); empty if none.
+        std::string ignored;
         // The parked VM once complete: the load thread hands it over with
         // post_end().
         std::optional<ParkedVm> parked;

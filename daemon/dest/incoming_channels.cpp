@@ -109,12 +109,29 @@ void IncomingMigration::extra_connection(const std::vector<uint8_t> &prefix)
     } else if (is_main_channel(prefix)) {
         looks = "a second main channel came: is another source migrating to this port?";
     }
-    if (outcome_.extra_channel.empty()) {
-        outcome_.extra_channel = looks;
+    if (outcome_.ignored.empty()) {
+        outcome_.ignored = looks;
     }
-    extra_log_.warn(uv_now(loop_), fmt::format("incoming migration: Extra incoming migration "
-                                               "connection; ignoring{}",
-                                               looks.empty() ? "" : " (" + looks + ")"));
+    ignored_log_.warn(uv_now(loop_), fmt::format("incoming migration: Extra incoming migration "
+                                                 "connection; ignoring{}",
+                                                 looks.empty() ? "" : " (" + looks + ")"));
+}
+
+void IncomingMigration::ignore_connection(const Error &why)
+{
+    if (outcome_.ignored.empty()) {
+        outcome_.ignored = why.message();
+    }
+    ignored_log_.warn(uv_now(loop_), "incoming migration: ignored a connection that is no "
+                                     "channel of this migration: " + why.message());
+}
+
+Error IncomingMigration::with_ignored(const Error &err) const
+{
+    if (outcome_.ignored.empty()) {
+        return err;
+    }
+    return Error(err.message() + " (a connection was ignored: " + outcome_.ignored + ")");
 }
 
 void IncomingMigration::adopt(std::vector<uint8_t> prefix, std::unique_ptr<Channel> ch)
@@ -142,7 +159,7 @@ void IncomingMigration::adopt(std::vector<uint8_t> prefix, std::unique_ptr<Chann
     }
     if (auto st = accept_multifd(prefix, ch); !st) {
         ch.reset();
-        fail_setup(st.error());
+        ignore_connection(st.error()); // a stranger's, or a misconfigured source's
         return;
     }
     maybe_start();

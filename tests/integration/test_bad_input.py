@@ -111,25 +111,34 @@ case("random_bytes_main", False, 1, lambda p: connect(p, random.Random(1).randby
      "Not a migration stream")
 
 
-def ignored_then_main_ends(p, main, extra, channels=0):
-    """The main channel `main` and `channels` multifd channels, the status
-    active, then `extra(port)` (connections past the channels): ignored,
-    as QEMU 10 ignores them. When the main channel then ends, the error
-    says what came."""
+EXTRA = "Extra incoming migration connection; ignoring"
+NOT_OURS = "ignored a connection that is no channel of this migration"
+
+
+def ignored_then_main_ends(p, main, channels=(), before=None, extra=None):
+    """The main channel `main`; `before(port)`, connections that are no
+    channel of this migration, ignored (what it returns is held open); the
+    multifd channels of ids `channels`, the status active; `extra(port)`, connections past the channels, ignored as
+    QEMU 10 ignores them. When the main channel then ends, the error says
+    what was ignored."""
     m = connect(p, main, close=False)
-    held = [connect(p, wire.multifd_init(i), close=False) for i in range(channels)]
+    held = []
+    if before:
+        held += before(p) or []
+        wait_until("the connection to be ignored", lambda: NOT_OURS in H.dst.log_text())
+    held += [connect(p, wire.multifd_init(i), close=False) for i in channels]
     wait_status(H.dst, ("active",), timeout=60)
-    extra(p)
-    wait_until("the extra connection to be ignored",
-               lambda: "Extra incoming migration connection; ignoring" in H.dst.log_text())
-    check(H.dst.status()["status"] == "active", "an extra connection ended the migration")
+    if extra:
+        extra(p)
+        wait_until("the extra connection to be ignored", lambda: EXTRA in H.dst.log_text())
+    check(H.dst.status()["status"] == "active", "an ignored connection ended the migration")
     m.close()
     return held
 
 
 case("extra_channel_without_multifd", False, 1,
-     lambda p: ignored_then_main_ends(p, wire.header(), lambda p: connect(p, wire.header())),
-     "unexpected end of migration stream (while loading, a second main channel came")
+     lambda p: ignored_then_main_ends(p, wire.header(), extra=lambda p: connect(p, wire.header())),
+     "unexpected end of migration stream (a connection was ignored: a second main channel came")
 
 
 def multifd_then(p, channels, packets, main_extra=b"", close_channels=False):
@@ -145,12 +154,22 @@ def multifd_then(p, channels, packets, main_extra=b"", close_channels=False):
     return socks + [m]
 
 
-case("multifd_uuid_mismatch", True, 2, lambda p: connect(p, wire.multifd_init(0, b"\1" * 16)),
+# Inits that are not this migration's are ignored (a stranger's copy
+# cannot end it); a load that then fails names the first.
+def not_ours_then_main_ends(init):
+    return lambda p: ignored_then_main_ends(p, good_start, channels=(0, 1),
+                                            before=lambda p: connect(p, init) and None)
+
+
+case("multifd_uuid_mismatch", True, 2, not_ours_then_main_ends(wire.multifd_init(0, b"\1" * 16)),
      "multifd: received uuid '01010101-0101-0101-0101-010101010101'")
-case("multifd_channel_id_too_big", True, 2, lambda p: connect(p, wire.multifd_init(2)),
+case("multifd_channel_id_too_big", True, 2, not_ours_then_main_ends(wire.multifd_init(2)),
      "multifd: received channel id 2 is greater than number of channels 2")
 case("multifd_duplicate_id", True, 2,
-     lambda p: (connect(p, wire.multifd_init(0), close=False), connect(p, wire.multifd_init(0))),
+     lambda p: ignored_then_main_ends(
+         p, good_start, channels=(1,),
+         before=lambda p: [connect(p, wire.multifd_init(0), close=False),
+                           connect(p, wire.multifd_init(0))][:1]),
      "multifd: received id '0' already setup'")
 case("multifd_too_many_pages", True, 2,
      lambda p: multifd_then(p, 2, wire.multifd_packet([0], 1, pages_alloc=129)),
@@ -175,9 +194,9 @@ case("multifd_random_bytes", True, 2,
      lambda p: multifd_then(p, 2, random.Random(2).randbytes(4000)),
      "multifd: received packet magic")
 case("more_channels_than_configured", True, 2,
-     lambda p: ignored_then_main_ends(p, good_start, lambda p: connect(p, wire.multifd_init(2)),
-                                      channels=2),
-     "(while loading, a multifd channel came past the 2 configured here")
+     lambda p: ignored_then_main_ends(p, good_start, channels=(0, 1),
+                                      extra=lambda p: connect(p, wire.multifd_init(2))),
+     "(a connection was ignored: a multifd channel came past the 2 configured here")
 
 
 def packets_lost_on_an_ignored_channel(p):
