@@ -28,6 +28,14 @@ IncomingMigration::~IncomingMigration()
     stop_multifd_watch();
     if (run_) {
         run_->quit();
+        // Quit or a signal mid-park: what is not a whole parked VM goes, as
+        // after a cancel (the record, once written, is the commit).
+        if (!params_.park_dir.empty() && !run_->park_committed()) {
+            for (const std::string &path : run_->park_created()) {
+                ::unlink(path.c_str());
+            }
+            park_discard();
+        }
     }
     end_attempt();
 }

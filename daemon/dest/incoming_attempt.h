@@ -116,6 +116,18 @@ public:
     // its record): too late to cancel, the park completes.
     bool request_cancel();
     bool cancel_requested() const { return cancel_requested_; }
+    // Any thread: the park's record is written (the VM is parked whole).
+    bool park_committed()
+    {
+        MutexLock lk(park_mu_);
+        return park_committed_;
+    }
+    // Once its threads are joined: the images the park created.
+    std::vector<std::string> park_created()
+    {
+        MutexLock lk(park_mu_);
+        return park_created_;
+    }
     // Loop thread, at accept while loading with postcopy-preempt: the
     // first connection after the main channel is the preempt channel, and
     // gets its reader thread (false: not taken, a stranger).
@@ -234,6 +246,10 @@ private:
     // exclude each other: whichever comes first decides the park.
     bool park_cancelled_ GUARDED_BY(park_mu_) = false;
     bool park_committing_ GUARDED_BY(park_mu_) = false;
+    bool park_committed_ GUARDED_BY(park_mu_) = false; // its record is written
+    // The images park_announce() created, as it created them: a daemon that
+    // quits before the loop took them into its list removes them too.
+    std::vector<std::string> park_created_ GUARDED_BY(park_mu_);
     // Written once by the load thread before park_ready_; its readers take
     // it under park_mu_ (packet_blocks() hands the receive threads a
     // pointer once park_ready_ is seen; it changes no more).

@@ -30,6 +30,10 @@ Status IncomingAttempt::park_announce(const std::vector<RamBlockDesc> &descs)
         }
         auto b = ram_block_open(spec, false);
         QMIGD_TRY(b);
+        {
+            MutexLock lk(park_mu_);
+            park_created_.push_back(spec.path);
+        }
         b->image->scan_holes();
         made.push_back(std::move(*b));
     }
@@ -125,6 +129,10 @@ Result<ParkedVm> IncomingAttempt::park_finish(LoadvmResult &result)
         park_committing_ = true;
     }
     QMIGD_TRY(parked_vm_write(vm));
+    {
+        MutexLock lk(park_mu_);
+        park_committed_ = true;
+    }
     spdlog::info("incoming migration: parked VM '{}' in {}: {} RAM blocks, {} bytes of device "
                  "state",
                  wire_text(vm.machine_type), vm.dir, vm.blocks.size(), vm.device_state.size());
